@@ -1,0 +1,26 @@
+"""VoiceHub: low-latency text-to-speech on a GPU, streamed as it is made."""
+
+from voicehub.errors import (
+    AudioFormatError,
+    CheckpointError,
+    InvalidTextError,
+    MissingDependencyError,
+    ModelNotFoundError,
+    VoiceHubError,
+)
+from voicehub.hub import AutoModelForTextToSpeech
+from voicehub.types import AudioChunk, TTSOutput
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AudioChunk",
+    "AudioFormatError",
+    "AutoModelForTextToSpeech",
+    "CheckpointError",
+    "InvalidTextError",
+    "MissingDependencyError",
+    "ModelNotFoundError",
+    "TTSOutput",
+    "VoiceHubError",
+]

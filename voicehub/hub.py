@@ -1,0 +1,51 @@
+"""`AutoModelForTextToSpeech`: one entry point that picks the model family and loads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from voicehub.models.base import TTSModel
+from voicehub.models.registry import find_family, get_family
+
+DEFAULT_MODEL = "en_US-joe-medium"  # the embedded Piper voice, installed with the package
+
+
+class AutoModelForTextToSpeech:
+    """Loads any registered family: `AutoModelForTextToSpeech.from_pretrained("en_US-joe-medium")`."""
+
+    def __init__(self) -> None:
+        raise TypeError("use AutoModelForTextToSpeech.from_pretrained(name_or_path, ...)")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path | None = None,
+        model_type: str | None = None,
+        device: str = "cpu",
+        dtype: Any = None,
+        lazy_load: bool = False,
+        optimization_config: Any = None,
+        **kwargs: Any,
+    ) -> TTSModel:
+        """Load a model from a path or an installed voice's name (default: the embedded voice).
+
+        model_type: a registered family ('vits', ...); inferred from the files when omitted.
+        lazy_load: read the configuration now and the weights on first use.
+        kwargs: family-specific load options (for example GPT-SoVITS checkpoint paths).
+        """
+        if optimization_config is not None:
+            raise NotImplementedError(
+                "optimization_config is not available yet: the optimization layer is still being built; "
+                "load without it"
+            )
+        if name_or_path is None and not kwargs:
+            name_or_path = DEFAULT_MODEL
+        if model_type is not None:
+            family = get_family(model_type)
+            path = Path(name_or_path).expanduser() if name_or_path is not None else None
+            if path is not None and not path.exists():
+                path = family.resolve(str(name_or_path)) or path
+        else:
+            family, path = find_family(name_or_path)
+        return family.load(path, device=device, dtype=dtype, lazy_load=lazy_load, **kwargs)
