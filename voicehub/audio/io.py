@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,7 +18,7 @@ import soundfile as sf
 from voicehub.errors import AudioFormatError
 
 
-class AudioFormat(str, Enum):
+class AudioFormat(StrEnum):
     WAV = "wav"
     FLAC = "flac"
     MP3 = "mp3"
@@ -32,7 +32,11 @@ class AudioFormat(str, Enum):
         return self in (AudioFormat.PCM_S16LE, AudioFormat.PCM_F32LE)
 
 
-FORMAT_ALIASES = {"pcm": AudioFormat.PCM_S16LE, "s16le": AudioFormat.PCM_S16LE, "f32le": AudioFormat.PCM_F32LE}
+FORMAT_ALIASES = {
+    "pcm": AudioFormat.PCM_S16LE,
+    "s16le": AudioFormat.PCM_S16LE,
+    "f32le": AudioFormat.PCM_F32LE,
+}
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the only rates Opus encodes
 _SF_ARGS = {
     AudioFormat.WAV: ("WAV", "PCM_16"),
@@ -95,13 +99,59 @@ def encode(audio: np.ndarray, sample_rate: int, fmt: str | AudioFormat) -> bytes
     return buf.getvalue()
 
 
-def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int, fmt: str | AudioFormat | None = None) -> Path:
+def write_audio(
+    path: str | Path, audio: np.ndarray, sample_rate: int, fmt: str | AudioFormat | None = None
+) -> Path:
     """Write a file atomically: it appears whole at `path` or not at all. Returns the path."""
     path = Path(path)
     data = encode(audio, sample_rate, fmt if fmt is not None else format_from_path(path))
     with atomic_writer(path) as fh:
         fh.write(data)
     return path
+
+
+class AudioFileWriter:
+    """Write a stream of float32 chunks into one file that appears only when the stream ends well.
+
+    `with AudioFileWriter(path, sample_rate) as w: w.write(chunk)`; on an exception the partial
+    file is removed and `path` is left untouched.
+    """
+
+    def __init__(self, path: str | Path, sample_rate: int, fmt: str | AudioFormat | None = None):
+        self.path = Path(path)
+        self.sample_rate = sample_rate
+        self.fmt = parse_format(fmt) if fmt is not None else format_from_path(self.path)
+        if self.fmt is AudioFormat.OPUS and sample_rate not in OPUS_RATES:
+            raise AudioFormatError(
+                f"Opus encodes only at {OPUS_RATES} Hz, not {sample_rate}; pick another format"
+            )
+        self._atomic = atomic_writer(self.path)
+        self._sf: sf.SoundFile | None = None
+        self._raw: BinaryIO | None = None
+
+    def __enter__(self) -> AudioFileWriter:
+        fh = self._atomic.__enter__()
+        if self.fmt.is_raw:
+            self._raw = fh
+        else:
+            container, subtype = _SF_ARGS[self.fmt]
+            self._sf = sf.SoundFile(fh, "w", self.sample_rate, 1, subtype=subtype, format=container)
+        return self
+
+    def write(self, audio: np.ndarray) -> None:
+        audio = np.asarray(audio, dtype=np.float32)
+        if self._raw is not None:
+            self._raw.write(to_pcm(audio, self.fmt))
+        else:
+            assert self._sf is not None
+            self._sf.write(np.clip(audio, -1.0, 1.0))
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self._sf is not None:
+                self._sf.close()
+        finally:
+            self._atomic.__exit__(exc_type, exc, tb)
 
 
 class atomic_writer:
