@@ -24,7 +24,9 @@ class TTSModel(ABC):
     sample_rate: int
 
     @abstractmethod
-    def stream(self, text: str, *, voice: Any = None, seed: int | None = None, **params: Any) -> Iterator[AudioChunk]:
+    def stream(
+        self, text: str, *, voice: Any = None, seed: int | None = None, **params: Any
+    ) -> Iterator[AudioChunk]:
         """Yield the utterance chunk by chunk, the first before the rest is made."""
 
     def generate(self, text: str, *, voice: Any = None, seed: int | None = None, **params: Any) -> TTSOutput:

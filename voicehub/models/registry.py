@@ -24,7 +24,9 @@ def known_model_types() -> list[str]:
 def get_family(model_type: str) -> ModelFamily:
     """The family registered as `model_type`; an unknown type raises and lists the known ones."""
     if model_type not in FAMILY_MODULES:
-        raise ValueError(f"unknown model_type {model_type!r}; known model types: {', '.join(known_model_types())}")
+        raise ValueError(
+            f"unknown model_type {model_type!r}; known model types: {', '.join(known_model_types())}"
+        )
     family = importlib.import_module(FAMILY_MODULES[model_type]).FAMILY
     assert family.model_type == model_type, (family.model_type, model_type)
     return family
