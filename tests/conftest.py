@@ -1,0 +1,30 @@
+"""Shared test set-up: no network, caches in a temporary folder, small thread counts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline_and_private_cache(tmp_path_factory: pytest.TempPathFactory):
+    # Caches the packages write go to a temporary folder; nothing may reach a model hub.
+    cache = tmp_path_factory.mktemp("voicehub-cache")
+    saved = {k: os.environ.get(k) for k in ("VOICEHUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(VOICEHUB_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def transcriber():
+    """Whisper base on the CPU, loaded once per test run."""
+    pytest.importorskip("faster_whisper", reason="the quality extra is needed for ASR checks")
+    from voicehub.bench.asr import Transcriber
+
+    return Transcriber("base")
