@@ -1,0 +1,129 @@
+"""CUDA-graph capture over shape buckets, knowing nothing of any model.
+
+A step is a callable of static tensors (same storage every call) and a static bucket key (a
+sequence-length or batch bucket). The runner captures it once per bucket, all graphs sharing one
+memory pool, and replays: the caller copies inputs into the static buffers, replays, reads the
+static outputs. Presets decide when capture happens: `full` (every bucket at load), `minimal`
+(the common buckets at load, the rest on first use), `lazy` (each on first use), `off` (eager
+calls, no capture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+
+class GraphPreset(StrEnum):
+    FULL = "full"
+    MINIMAL = "minimal"
+    LAZY = "lazy"
+    OFF = "off"
+
+
+def parse_graph_preset(value: str | GraphPreset) -> GraphPreset:
+    try:
+        return GraphPreset(value)
+    except ValueError:
+        valid = ", ".join(p.value for p in GraphPreset)
+        raise ValueError(f"unknown cuda_graph_preset {value!r}; valid presets: {valid}") from None
+
+
+def pick_bucket(buckets: Sequence[int], need: int) -> int | None:
+    """The smallest bucket >= need, or None when `need` outgrows the largest."""
+    for b in buckets:
+        if b >= need:
+            return b
+    return None
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    outputs: Any
+
+
+class BucketedGraphRunner:
+    """Owns the graphs of one step function over `buckets`.
+
+    step(bucket) -> outputs: reads and writes only static tensors the owner allocated once, so
+    replays see the caller's latest inputs. `warmup_calls` eager calls on a side stream precede
+    each capture, as CUDA graph capture requires (lazy cuBLAS/cuDNN initialisation must be done).
+    """
+
+    def __init__(
+        self,
+        step: Callable[[int], Any],
+        buckets: Sequence[int],
+        preset: GraphPreset | str,
+        device: torch.device,
+        common_buckets: Sequence[int] = (),
+        warmup_calls: int = 2,
+    ):
+        self.step = step
+        self.buckets = sorted(buckets)
+        self.preset = parse_graph_preset(preset)
+        self.device = device
+        self.warmup_calls = warmup_calls
+        if self.preset is not GraphPreset.OFF and device.type != "cuda":
+            raise ValueError(
+                f"cuda_graph_preset={self.preset.value!r} needs a CUDA device; use 'off' on {device}"
+            )
+        self._graphs: dict[int, _Captured] = {}
+        self._pool: Any = None
+        unknown = sorted(set(common_buckets) - set(self.buckets))
+        if unknown:
+            raise ValueError(f"common buckets {unknown} are not among the buckets {self.buckets}")
+        self.common_buckets = sorted(common_buckets) or self.buckets[:1]
+
+    def capture_at_load(self) -> None:
+        """Capture what the preset captures at load time."""
+        if self.preset is GraphPreset.FULL:
+            todo = self.buckets
+        elif self.preset is GraphPreset.MINIMAL:
+            todo = self.common_buckets
+        else:
+            todo = []
+        for bucket in todo:
+            self._capture(bucket)
+
+    @property
+    def captured_buckets(self) -> list[int]:
+        return sorted(self._graphs)
+
+    def _capture(self, bucket: int) -> _Captured:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_calls):
+                self.step(bucket)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.step(bucket)
+        if self._pool is None:
+            self._pool = graph.pool()
+        captured = _Captured(graph, outputs)
+        self._graphs[bucket] = captured
+        return captured
+
+    def run(self, bucket: int) -> Any:
+        """Replay the graph of `bucket` (capturing it first if the preset allows), or call eagerly when off."""
+        if self.preset is GraphPreset.OFF:
+            return self.step(bucket)
+        captured = self._graphs.get(bucket)
+        if captured is None:
+            if bucket not in self.buckets:
+                raise ValueError(f"bucket {bucket} is not one of {self.buckets}")
+            captured = self._capture(bucket)
+        captured.graph.replay()
+        return captured.outputs
+
+    def reset(self) -> None:
+        """Drop every graph and the pool (for example before the weights change)."""
+        self._graphs.clear()
+        self._pool = None
