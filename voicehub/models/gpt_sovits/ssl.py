@@ -1,0 +1,232 @@
+"""HuBERT content features for GPT-SoVITS (chinese-hubert-base), from the user's local folder only.
+
+Upstream (TTS_infer_pack/TTS.py `_set_prompt_semantic`, inference_webui.py `get_tts_wav`) loads the
+reference with `librosa.load(path, sr=16000)`, appends zeros, and runs the bare `HubertModel` on it:
+the `Wav2Vec2FeatureExtractor` is loaded but not applied at inference, so no normalisation happens
+here either. The zeros are `int(sovits_sample_rate * 0.3)` samples at 16 kHz, where the rate is the
+SoVITS config's `data.sampling_rate` (32000 for v3), i.e. 9600 samples = 0.6 s, not 0.3 s.
+
+`transformers` provides the architecture only; weights are read and checked here, strictly, so no
+code path can reach a model hub.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+from voicehub.errors import CheckpointError, MissingDependencyError, ModelNotFoundError
+
+HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
+HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
+HUBERT_FRAME_SAMPLES = 320  # 16 kHz samples per output frame (conv strides 5 * 2**6): 50 frames per second
+REFERENCE_PAD_FACTOR = 0.3  # upstream: zeros = int(sovits data.sampling_rate * 0.3) samples
+V3_SOVITS_SAMPLE_RATE = 32000  # v3 SoVITS data.sampling_rate (reference spectrogram rate)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> int:
+    """Zeros upstream appends to the 16 kHz reference before HuBERT (9600 for v3)."""
+    return int(sovits_sample_rate * REFERENCE_PAD_FACTOR)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "HuBERT and BERT features need transformers: pip install transformers"
+        ) from exc
+    return transformers
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from a .safetensors or torch .bin file; unreadable files raise CheckpointError."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch and safetensors raise many types for a corrupt file
+        raise CheckpointError(f"cannot read weights file {str(path)!r}: {exc}") from exc
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"weights file {str(path)!r} holds a {type(state).__name__}, not a state dict")
+    return dict(state)
+
+
+def find_weights(folder: Path) -> Path:
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise ModelNotFoundError(f"no weights in {str(folder)!r}: put {' or '.join(WEIGHT_FILES)} there")
+
+
+def load_state_strict(
+    module: torch.nn.Module,
+    state: Mapping[str, torch.Tensor],
+    path: Path,
+    *,
+    optional: Iterable[str] = (),
+    ignored_prefixes: Iterable[str] = (),
+) -> None:
+    """Copy `state` into `module`; raise CheckpointError naming every missing, unexpected or mis-shaped tensor.
+
+    optional: module keys a file may lack (unused at inference); ignored_prefixes: file keys skipped on purpose.
+    """
+    ignored = tuple(ignored_prefixes)
+    state = {k: v for k, v in state.items() if not k.startswith(ignored)}
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state) - set(optional))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = sorted(
+        f"{k}: file {tuple(state[k].shape)} != model {tuple(expected[k].shape)}"
+        for k in set(state) & set(expected)
+        if state[k].shape != expected[k].shape
+    )
+    problems = [("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)]
+    lines = [
+        f"  {kind}: {', '.join(items[:20])}{' ...' if len(items) > 20 else ''}"
+        for kind, items in problems
+        if items
+    ]
+    if lines:
+        raise CheckpointError(
+            f"weights in {str(path)!r} do not match the model from its config.json:\n" + "\n".join(lines)
+        )
+    module.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+
+
+def _rename_weight_norm(state: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:
+    # The positional conv is weight-normed: files from older transformers call its halves weight_g/weight_v,
+    # newer transformers parametrizations.weight.original0/1. Map the file's names onto the model's.
+    pairs = (
+        (".weight_g", ".parametrizations.weight.original0"),
+        (".weight_v", ".parametrizations.weight.original1"),
+    )
+    out = {}
+    for key, value in state.items():
+        for old, new in pairs:
+            if key.endswith(old) and key not in model_keys and key[: -len(old)] + new in model_keys:
+                key = key[: -len(old)] + new
+            elif key.endswith(new) and key not in model_keys and key[: -len(new)] + old in model_keys:
+                key = key[: -len(new)] + old
+        out[key] = value
+    return out
+
+
+def check_hubert_folder(folder: str | Path) -> Path:
+    """The folder, after checking it holds config.json, preprocessor_config.json and weights."""
+    folder = Path(folder)
+    fix = (
+        f"put upstream's {HUBERT_FOLDER} folder (config.json, preprocessor_config.json, pytorch_model.bin) "
+        f"at {str(folder)!r}, e.g. copy GPT_SoVITS/pretrained_models/{HUBERT_FOLDER} from a GPT-SoVITS install"
+    )
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"HuBERT folder {str(folder)!r} does not exist: {fix}")
+    for name in ("config.json", "preprocessor_config.json"):
+        if not (folder / name).is_file():
+            raise ModelNotFoundError(f"HuBERT folder {str(folder)!r} has no {name}: {fix}")
+    find_weights(folder)
+    return folder
+
+
+class HubertEncoder(torch.nn.Module):
+    """chinese-hubert-base: 16 kHz audio -> content features [1, hidden, T], T = 50 per second."""
+
+    def __init__(self, model: torch.nn.Module, folder: Path):
+        super().__init__()
+        self.model = model
+        self.folder = folder
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> HubertEncoder:
+        """Load a chinese-hubert-base folder (architecture from its config.json), strictly, in eval mode."""
+        folder = check_hubert_folder(folder)
+        transformers = _transformers()
+        config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
+        with torch.device(device):
+            model = transformers.HubertModel(config)
+        weights = find_weights(folder)
+        state = _rename_weight_norm(read_weights(weights), set(model.state_dict()))
+        # masked_spec_embed only fills masked frames in training; some exports leave it out.
+        load_state_strict(model, state, weights, optional=("masked_spec_embed",))
+        return cls(model.to(device=device, dtype=dtype).eval(), folder)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @torch.inference_mode()
+    def forward(self, wav16k: torch.Tensor, pad_samples: int = reference_pad_samples()) -> torch.Tensor:
+        """Content features of 16 kHz audio, as upstream's prompt path computes them.
+
+        wav16k: [n] float at 16 kHz (not normalised, as upstream); `pad_samples` zeros are appended
+        (upstream: `reference_pad_samples(sovits data.sampling_rate)`). Returns [1, hidden, T] in the
+        model's dtype, on its device.
+        """
+        if wav16k.dim() != 1:
+            raise ValueError(f"expected 16 kHz mono audio of shape [n], got {tuple(wav16k.shape)}")
+        param = next(self.model.parameters())
+        x = torch.cat([wav16k.to(param), torch.zeros(pad_samples, dtype=param.dtype, device=param.device)])
+        hidden = self.model(x[None]).last_hidden_state  # [1, T, hidden]
+        return hidden.transpose(1, 2)
+
+
+def hubert_config(size: str) -> dict:
+    """config.json values: `full` = chinese-hubert-base's real values, `tiny` = a 1-layer test model of width 768."""
+    conv = {"conv_kernel": [10, 3, 3, 3, 3, 2, 2], "conv_stride": [5, 2, 2, 2, 2, 2, 2], "conv_bias": False}
+    full = {
+        "architectures": ["HubertModel"], "model_type": "hubert", "hidden_size": 768, "num_hidden_layers": 12,
+        "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu", "conv_dim": [512] * 7, **conv,
+        "feat_extract_norm": "group", "feat_extract_activation": "gelu", "feat_proj_layer_norm": True,
+        "num_conv_pos_embeddings": 128, "num_conv_pos_embedding_groups": 16, "num_feat_extract_layers": 7,
+        "do_stable_layer_norm": False, "layer_norm_eps": 1e-5, "hidden_dropout": 0.1, "attention_dropout": 0.1,
+        "activation_dropout": 0.0, "feat_proj_dropout": 0.1, "final_dropout": 0.1, "layerdrop": 0.1,
+        "apply_spec_augment": True, "mask_time_prob": 0.05, "mask_time_length": 10, "mask_feature_prob": 0.0,
+        "mask_feature_length": 10, "initializer_range": 0.02, "vocab_size": 32, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2, "use_weighted_layer_sum": False, "classifier_proj_size": 256,
+    }  # fmt: skip
+    if size == "full":
+        return full
+    if size == "tiny":
+        # Width stays 768 so the tiny features feed a SoVITS with the real ssl_dim; depth and convs shrink.
+        tiny = {
+            "num_hidden_layers": 1,
+            "intermediate_size": 256,
+            "conv_dim": [64] * 7,
+            "num_conv_pos_embeddings": 16,
+        }
+        return {**full, **tiny}
+    raise ValueError(f"unknown size {size!r}; valid sizes: tiny, full")
+
+
+def make_hubert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write a random-weight chinese-hubert-base folder in the official layout (a test artefact, not a model).
+
+    Files: config.json, preprocessor_config.json, pytorch_model.bin (weight-norm halves named weight_g /
+    weight_v, as in the published file). Returns the folder.
+    """
+    transformers = _transformers()
+    values = hubert_config(size)
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = transformers.HubertModel(transformers.HubertConfig(**values))
+    state = {}
+    for key, value in model.state_dict().items():
+        key = key.replace(".parametrizations.weight.original0", ".weight_g")
+        state[key.replace(".parametrizations.weight.original1", ".weight_v")] = value.contiguous()
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps(values, indent=2))
+    preprocessor = {
+        "do_normalize": True, "feature_extractor_type": "Wav2Vec2FeatureExtractor", "feature_size": 1,
+        "padding_side": "right", "padding_value": 0, "return_attention_mask": False, "sampling_rate": 16000,
+    }  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    return folder
