@@ -22,5 +22,7 @@ def check_text(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
             "split it into parts, or raise the limit with max_text_chars="
         )
     if not any(unicodedata.category(ch)[0] in "LN" for ch in stripped):
-        raise InvalidTextError("text has no letters or digits (only punctuation or symbols); nothing to speak")
+        raise InvalidTextError(
+            "text has no letters or digits (only punctuation or symbols); nothing to speak"
+        )
     return stripped

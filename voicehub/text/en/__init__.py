@@ -1,0 +1,1 @@
+"""English frontend: normalisation and ARPAbet g2p (needs the `en` extra)."""
