@@ -32,7 +32,12 @@ def _script(char: str) -> str | None:
         return "en"
     if char.isdigit() and code < 0x2000 or 0xFF10 <= code <= 0xFF19:
         return "digit"
-    if 0x3041 <= code <= 0x309F or 0x30A0 <= code <= 0x30FF or 0x31F0 <= code <= 0x31FF or 0xFF66 <= code <= 0xFF9D:
+    if (
+        0x3041 <= code <= 0x309F
+        or 0x30A0 <= code <= 0x30FF
+        or 0x31F0 <= code <= 0x31FF
+        or 0xFF66 <= code <= 0xFF9D
+    ):
         return "ja"
     if 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F or 0xAC00 <= code <= 0xD7AF:
         return "ko"
@@ -51,13 +56,21 @@ def _runs(text: str) -> list[Span]:
         if script == "digit" and spans and spans[-1].lang == "digit":
             spans[-1].text += char
         elif script is None:
-            if char == "." and spans and spans[-1].lang == "digit" and i + 1 < len(text) and text[i + 1].isdigit():
+            if (
+                char == "."
+                and spans
+                and spans[-1].lang == "digit"
+                and i + 1 < len(text)
+                and text[i + 1].isdigit()
+            ):
                 spans[-1].text += char  # decimal point stays inside the number
             elif spans:
                 spans[-1].text += char
             else:
                 spans.append(Span("x", char))
-        elif spans and (spans[-1].lang == script or (spans[-1].lang == "x" and not spans[-1].text.strip(" "))):
+        elif spans and (
+            spans[-1].lang == script or (spans[-1].lang == "x" and not spans[-1].text.strip(" "))
+        ):
             if spans[-1].lang == script and script == "en" and re.search(r"[^\sA-Za-z'\-]$", spans[-1].text):
                 spans.append(Span(script, char))  # punctuation ended the previous English span
             else:
@@ -135,7 +148,7 @@ def detect_spans(text: str, default_lang: str = "") -> list[Span]:
     if has_digits:
         merged = _resolve_digits(merged)
     result: list[Span] = []
-    for i, span in enumerate(merged):  # unknown scripts take a neighbour's language
+    for span in merged:  # unknown scripts take a neighbour's language
         if span.lang == "x":
             span.lang = result[-1].lang if result else (merged[1].lang if len(merged) > 1 else "zh")
         _merge(result, span)

@@ -156,7 +156,9 @@ class EnglishG2P:
         if token.istitle() and word in self._names:
             return self._names[word]
         if len(word) <= 3:  # short unknown words are spelled out
-            return [p for c in word for p in (["EY1"] if c == "a" else [c] if not c.isalpha() else self._dict[c])]
+            return [
+                p for c in word for p in (["EY1"] if c == "a" else [c] if not c.isalpha() else self._dict[c])
+            ]
         if re.match(r"^([a-z]+)('s)$", word):
             stem = list(self._lookup(word[:-2]))
             if stem[-1] in ("P", "T", "K", "F", "TH", "HH"):

@@ -103,7 +103,9 @@ class ChineseG2P:
         """Phonemes and word2ph (len(word2ph) == len(norm_text), sum(word2ph) == len(phones))."""
         sentences = [s for s in _SENTENCE_SPLIT.split(norm_text) if s.strip()]
         sentences = [re.sub("[a-zA-Z]+", "", s) for s in sentences]
-        model_pinyins = iter(self._model([s for s in sentences if s]) if self._model and any(sentences) else [])
+        model_pinyins = iter(
+            self._model([s for s in sentences if s]) if self._model and any(sentences) else []
+        )
         phones: list[str] = []
         word2ph: list[int] = []
         for sentence in sentences:
