@@ -1,0 +1,190 @@
+"""Per-request decode parameters and the eager reference decode (upstream v3 `infer_panel_naive`).
+
+This path is the reference every fast path is held to: it follows upstream's loop step by step,
+including its quirks, so that for the same weights, inputs and seed it emits upstream's tokens:
+- sampling order: repetition penalty over prompt + generated tokens, top-p, temperature, top-k,
+  then the exponential-noise draw (`probs / q`, q ~ Exp(1));
+- EOS is removed from the logits for the first 11 steps (the width shrinks, so the noise draw is
+  1024 wide there, which is part of the RNG stream);
+- a step stops on EOS when the sampled token is EOS *or* the argmax of the penalized logits is;
+- the cap: after step idx, stop when idx + 1 > early_stop_num or idx == 1499; upstream's callers
+  then keep `y[-idx:]`, i.e. the last early_stop_num of the early_stop_num + 1 tokens drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+import torch.nn.functional as F
+
+from voicehub.models.gpt_sovits.t2s.config import EOS_BLOCKED_STEPS, MAX_DECODE_STEPS
+from voicehub.models.gpt_sovits.t2s.model import T2SModel, prompt_attention
+
+
+class StopReason(StrEnum):
+    EOS = "eos"
+    MAX_TOKENS = "max_tokens"
+    FORCED = "forced"
+
+
+@dataclass(frozen=True)
+class T2SSamplingParams:
+    """One request's decoding choices; defaults are upstream get_tts_wav's (repetition: infer_panel's).
+
+    max_new_tokens is upstream's early_stop_num (None: the checkpoint's 50 * data.max_sec).
+    force_n_tokens suppresses EOS and stops after exactly N tokens (tests and benchmarks).
+    seed None draws a fresh seed.
+    """
+
+    top_k: int = 20
+    top_p: float = 0.6
+    temperature: float = 0.6
+    repetition_penalty: float = 1.35
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    force_n_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (1 is greedy), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 turns nucleus filtering off), got {self.top_p}")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0 (upstream clamps it to 1e-5), got {self.temperature}")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be > 0 (1.0 turns it off), got {self.repetition_penalty}"
+            )
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 or None, got {self.max_new_tokens}")
+        if self.force_n_tokens is not None and self.force_n_tokens < 1:
+            raise ValueError(f"force_n_tokens must be >= 1 or None, got {self.force_n_tokens}")
+
+    @classmethod
+    def greedy(cls, **overrides: object) -> T2SSamplingParams:
+        """top_k 1, no nucleus, temperature 1, no repetition penalty unless overridden."""
+        base = {"top_k": 1, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0}
+        return cls(**{**base, **overrides})
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """tokens: [N] long semantic tokens (EOS excluded); margins: [steps] float32, top-1 minus top-2
+    of the penalized logits at each step (the values greedy decoding compares)."""
+
+    tokens: torch.Tensor
+    stop_reason: StopReason
+    n_steps: int
+    margins: torch.Tensor
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def reference_probs(
+    logits: torch.Tensor, history: torch.Tensor, params: T2SSamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream `logits_to_probs` with scalar parameters. logits: [1, V]; history: [1, L] long.
+    Returns (probs [1, V], penalized logits [1, V]); `logits` is left untouched."""
+    logits = logits.clone()
+    if history.shape[1] > 0 and params.repetition_penalty != 1.0:
+        score = logits.gather(1, history)
+        score = torch.where(score < 0, score * params.repetition_penalty, score / params.repetition_penalty)
+        logits.scatter_(1, history, score)  # duplicates write the same value: each token penalized once
+    penalized = logits
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        remove = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1) > params.top_p
+        remove[:, 0] = False  # upstream keeps the top token and does not shift the mask
+        logits = logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    logits = logits / max(params.temperature, 1e-5)
+    kth = torch.topk(logits, min(params.top_k, logits.shape[-1])).values[:, -1:]
+    logits = torch.where(logits < kth, float("-inf"), logits)
+    return torch.softmax(logits, dim=-1), penalized
+
+
+def draw_token(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Exponential-race draw, as gpt-fast's `multinomial_sample_one_no_sync`: [B, V] -> [B] long."""
+    q = torch.empty_like(probs).exponential_(1, generator=generator)
+    return torch.argmax(probs / q, dim=-1)
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    # logits: [B, V] -> [B] float32
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return top[:, 0] - top[:, 1]
+
+
+def _step_layers(model: T2SModel, x: torch.Tensor, keys: list, values: list) -> torch.Tensor:
+    # x: [1, 1, D]; keys/values[i]: [1, H, T, D/H], grown by one (upstream concatenates too)
+    for i, layer in enumerate(model.h.layers):
+        q, k, v = layer.project_qkv(x)
+        keys[i] = torch.cat([keys[i], k], dim=2)
+        values[i] = torch.cat([values[i], v], dim=2)
+        x = layer.finish(x, F.scaled_dot_product_attention(q, keys[i], values[i]))
+    return x
+
+
+def _is_done(idx: int, n_generated: int, cap: int, forced: int | None) -> bool:
+    if forced is not None:
+        return n_generated >= forced
+    return n_generated > cap or idx == MAX_DECODE_STEPS - 1
+
+
+@torch.inference_mode()
+def decode(
+    model: T2SModel,
+    phone_ids: torch.Tensor,
+    bert: torch.Tensor,
+    prompt_tokens: torch.Tensor,
+    params: T2SSamplingParams,
+) -> DecodeResult:
+    """Eager reference decode of one request.
+
+    phone_ids: [Tx] long, reference phonemes then target phonemes; bert: [1024, Tx] features
+    (zeros where not Chinese); prompt_tokens: [Ty] long semantic tokens of the reference audio.
+    """
+    cfg = model.config
+    dev, dtype = model.ar_predict_layer.weight.device, model.ar_predict_layer.weight.dtype
+    phone_ids, prompt = phone_ids.to(dev).long(), prompt_tokens.to(dev).long()
+    n_text, n_audio = phone_ids.shape[0], prompt.shape[0]
+    xy = model.embed_text(phone_ids[None], bert.to(device=dev, dtype=dtype)[None])
+    if n_audio:
+        xy = torch.cat([xy, model.embed_audio(prompt[None])], dim=1)
+    hidden, keys, values = model.prefill(xy, prompt_attention(n_text, n_audio, dev))
+    logits = model.logits(hidden[:, -1])
+    gen = make_generator(params.seed, dev)
+    cap = params.max_new_tokens or cfg.early_stop_num
+    forced = params.force_n_tokens
+    history, margins = prompt[None], []
+    for idx in range(forced or MAX_DECODE_STEPS):
+        if forced is not None or idx < EOS_BLOCKED_STEPS:
+            logits = logits[:, : cfg.eos]  # upstream slices EOS off (EOS is the last id)
+        probs, penalized = reference_probs(logits, history, params)
+        token = draw_token(probs, gen)
+        margins.append(top2_margin(penalized))
+        history = torch.cat([history, token[:, None]], dim=1)
+        is_eos = forced is None and bool(token[0] == cfg.eos or penalized.argmax(-1)[0] == cfg.eos)
+        if is_eos:
+            history = history[:, :-1]
+        if is_eos or _is_done(idx, idx + 1, cap, forced):
+            break
+        x = model.embed_audio_at(token, torch.full_like(token, n_audio + idx))
+        logits = model.logits(_step_layers(model, x, keys, values)[:, -1])
+    generated = history[0, n_audio:]
+    if forced is not None:
+        reason = StopReason.FORCED
+    elif is_eos:
+        reason = StopReason.EOS
+    else:
+        reason = StopReason.MAX_TOKENS
+        generated = generated[generated.shape[0] - idx :]  # upstream's y[:, -idx:]
+    return DecodeResult(generated.clone(), reason, idx + 1, torch.cat(margins).cpu())

@@ -1,0 +1,79 @@
+"""Random-weight GPT checkpoints in the official layout, for tests (tiny) and GPU benchmarks (full).
+
+Weights come from numpy's PCG64 so a seed gives the same file on any torch version. The scales are
+chosen so the decoder is not degenerate: the head gives logits with a spread of a few units, and
+attention and positions keep changing the last hidden state, so greedy decoding walks over many
+distinct tokens (see `logit_margins`). A testing and benchmarking tool, not a model.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voicehub.models.gpt_sovits.t2s.config import BERT_DIM, FULL_V3, TINY, T2SConfig
+from voicehub.models.gpt_sovits.t2s.model import T2SModel, checkpoint_state_dict
+
+SIZES = {"tiny": TINY, "full": FULL_V3}
+LOGIT_STD = 4.0  # spread of the head's logits over unit-variance hidden states
+
+
+def _init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A value for one parameter, by its role (read from its upstream name)."""
+    normal = rng.standard_normal(shape, dtype=np.float32)
+    if name.endswith("word_embeddings.weight"):
+        return normal
+    if name.endswith(".alpha"):
+        return 1.0 + 0.1 * normal
+    if ".norm" in name:
+        return (1.0 + 0.1 * normal) if name.endswith("weight") else 0.1 * normal
+    if name.endswith("bias"):
+        return 0.02 * normal
+    fan_in = shape[-1]
+    if name.endswith("ar_predict_layer.weight"):
+        return normal * (LOGIT_STD / math.sqrt(fan_in))
+    if name.endswith("in_proj_weight"):
+        return normal * math.sqrt(2.0 / fan_in)  # sharper-than-uniform attention
+    return normal * math.sqrt(1.0 / fan_in)
+
+
+def random_state_dict(config: T2SConfig, seed: int) -> dict[str, torch.Tensor]:
+    """fp16 tensors under the checkpoint's `model.` names, drawn in state-dict order."""
+    rng = np.random.default_rng(seed)
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in checkpoint_state_dict(T2SModel(config)).items()}
+    return {k: torch.from_numpy(_init_tensor(k, s, rng)).to(torch.float16) for k, s in shapes.items()}
+
+
+def make_t2s_checkpoint(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write {"weight", "config", "info"} as upstream's s1_train.py does; returns the path.
+
+    size: "tiny" (2 layers, width 64, 4 heads, real vocab and symbol counts) or "full" (v3 sizes).
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown checkpoint size {size!r}; use one of {', '.join(SIZES)}")
+    config = SIZES[size]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ckpt = {
+        "weight": random_state_dict(config, seed),
+        "config": config.to_checkpoint_config(),
+        "info": f"GPT-e1 (voicehub random {size}, seed {seed})",
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def random_prompt(
+    config: T2SConfig, n_phones: int, n_prompt_tokens: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random decoder inputs: phone ids [n_phones] long, BERT features [1024, n_phones] float32,
+    prompt semantic tokens [n_prompt_tokens] long (never EOS). numpy-seeded, so portable."""
+    rng = np.random.default_rng(seed)
+    phones = torch.from_numpy(rng.integers(0, config.phoneme_vocab_size, n_phones))
+    bert = torch.from_numpy(rng.standard_normal((BERT_DIM, n_phones), dtype=np.float32))
+    prompt = torch.from_numpy(rng.integers(0, config.eos, n_prompt_tokens))
+    return phones, bert, prompt
