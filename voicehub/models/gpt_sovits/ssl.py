@@ -33,7 +33,7 @@ def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> in
     return int(sovits_sample_rate * REFERENCE_PAD_FACTOR)
 
 
-def _transformers():
+def import_transformers():
     try:
         import transformers
     except ImportError as exc:
@@ -148,7 +148,7 @@ class HubertEncoder(torch.nn.Module):
     ) -> HubertEncoder:
         """Load a chinese-hubert-base folder (architecture from its config.json), strictly, in eval mode."""
         folder = check_hubert_folder(folder)
-        transformers = _transformers()
+        transformers = import_transformers()
         config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
         with torch.device(device):
             model = transformers.HubertModel(config)
@@ -212,7 +212,7 @@ def make_hubert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> P
     Files: config.json, preprocessor_config.json, pytorch_model.bin (weight-norm halves named weight_g /
     weight_v, as in the published file). Returns the folder.
     """
-    transformers = _transformers()
+    transformers = import_transformers()
     values = hubert_config(size)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)

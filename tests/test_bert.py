@@ -1,0 +1,115 @@
+"""Chinese BERT features: a random-weight folder in the official layout through the user's loader."""
+
+import shutil
+
+import pytest
+import torch
+
+from voicehub.errors import CheckpointError, ModelNotFoundError
+from voicehub.models.gpt_sovits.bert import (
+    FULL_VOCAB_SIZE,
+    BertFeatureExtractor,
+    bert_config,
+    is_bert_language,
+    make_bert_folder,
+    make_vocab,
+    phone_bert_features,
+)
+
+transformers = pytest.importorskip("transformers")
+TEXT = "你好，世界。"
+WORD2PH = [2, 2, 1, 2, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    return make_bert_folder(tmp_path_factory.mktemp("pm") / "chinese-roberta-wwm-ext-large", "tiny", seed=5)
+
+
+@pytest.fixture(scope="module")
+def bert(bert_dir):
+    return BertFeatureExtractor.from_folder(bert_dir)
+
+
+def _upstream_style(bert_dir, text, word2ph):
+    """Upstream's recipe with transformers' own classes: MaskedLM, hidden_states[-3:-2], [1:-1], repeat."""
+    tok = transformers.AutoTokenizer.from_pretrained(bert_dir, local_files_only=True)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(bert_dir, local_files_only=True).eval()
+    with torch.no_grad():
+        res = model(**tok(text, return_tensors="pt"), output_hidden_states=True)
+    res = torch.cat(res["hidden_states"][-3:-2], -1)[0][1:-1]
+    return torch.cat([res[i].repeat(word2ph[i], 1) for i in range(len(word2ph))], dim=0).T
+
+
+def test_phone_features_equal_upstream_recipe(bert, bert_dir):
+    feats = bert(TEXT, WORD2PH)
+    assert feats.shape == (1024, sum(WORD2PH))
+    torch.testing.assert_close(feats, _upstream_style(bert_dir, TEXT, WORD2PH), atol=1e-5, rtol=1e-5)
+    # repeats really are copies of one character vector, in order
+    torch.testing.assert_close(feats[:, 0], feats[:, 1])
+    assert not torch.allclose(feats[:, 1], feats[:, 2])
+
+
+def test_tokenizer_json_alone_is_enough(tmp_path, bert_dir, bert):
+    folder = tmp_path / "b"
+    shutil.copytree(bert_dir, folder)
+    (folder / "vocab.txt").unlink()  # upstream's published folder ships tokenizer.json only
+    torch.testing.assert_close(BertFeatureExtractor.from_folder(folder)(TEXT, WORD2PH), bert(TEXT, WORD2PH))
+
+
+def test_non_chinese_segments_get_zeros(bert):
+    for lang in ("en", "ja", "all_ja", "ko", "yue", "all_yue"):
+        out = phone_bert_features(bert, lang, "hello", None, 7)
+        assert out.shape == (1024, 7) and not out.any()
+    assert is_bert_language("zh") and is_bert_language("all_zh") and not is_bert_language("en")
+    out = phone_bert_features(bert, "all_zh", TEXT, WORD2PH, sum(WORD2PH), dtype=torch.float64)
+    assert out.dtype == torch.float64 and out.shape == (1024, 10)
+
+
+def test_mismatches_raise(bert):
+    with pytest.raises(ValueError, match="word2ph"):
+        bert(TEXT, WORD2PH[:-1])
+    with pytest.raises(ValueError, match="add up"):
+        phone_bert_features(bert, "zh", TEXT, WORD2PH, 11)
+    with pytest.raises(ValueError, match="one token per character"):
+        bert.char_features("你 好")  # the space yields no token
+    with pytest.raises(ValueError, match="BertFeatureExtractor"):
+        phone_bert_features(None, "zh", TEXT, WORD2PH, 10)
+
+
+def test_missing_folder_and_files(tmp_path, bert_dir):
+    with pytest.raises(ModelNotFoundError, match="chinese-roberta-wwm-ext-large"):
+        BertFeatureExtractor.from_folder(tmp_path / "nowhere")
+    folder = tmp_path / "b"
+    shutil.copytree(bert_dir, folder)
+    (folder / "tokenizer.json").unlink()
+    (folder / "vocab.txt").unlink()
+    with pytest.raises(ModelNotFoundError, match="tokenizer.json"):
+        BertFeatureExtractor.from_folder(folder)
+
+
+def test_strict_loading_names_the_tensor(tmp_path, bert_dir):
+    folder = tmp_path / "b"
+    shutil.copytree(bert_dir, folder)
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    del state["bert.encoder.layer.1.output.dense.weight"]
+    state["bert.embeddings.word_embeddings.weight"] = state["bert.embeddings.word_embeddings.weight"][:, :512]
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError) as info:
+        BertFeatureExtractor.from_folder(folder)
+    msg = str(info.value)
+    assert "encoder.layer.1.output.dense.weight" in msg and "word_embeddings.weight" in msg
+    assert "pytorch_model.bin" in msg
+
+
+def test_vocab_and_config_sizes():
+    full = make_vocab("full")
+    assert len(full) == FULL_VOCAB_SIZE == bert_config("full", 0)["vocab_size"]
+    assert [full[i] for i in (0, 100, 101, 102, 103)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert len(set(full)) == len(full)
+    cfg = bert_config("full", 0)
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (1024, 24, 16)
+    tiny = make_vocab("tiny")
+    assert all(c in tiny for c in TEXT) and len(set(tiny)) == len(tiny)
+    with pytest.raises(ValueError, match="tiny, full"):
+        make_vocab("small")

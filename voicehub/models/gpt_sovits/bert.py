@@ -1,0 +1,196 @@
+"""Chinese BERT features for the T2S decoder (chinese-roberta-wwm-ext-large), from the user's local folder only.
+
+Upstream (TTS_infer_pack/TextPreprocessor.py `get_bert_feature` / `get_bert_inf`): tokenize the normalised
+text, run `AutoModelForMaskedLM` with output_hidden_states, take hidden_states[-3] (the third-from-last
+layer), drop [CLS]/[SEP], repeat each character's vector `word2ph[i]` times -> [1024, n_phones]. Segments
+whose language is not Chinese (`zh` / `all_zh`) get zeros. We run the encoder (`BertModel`) without the
+masked-LM head: hidden states are identical and the 21128-way logits upstream computes are never used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from voicehub.errors import ModelNotFoundError
+from voicehub.models.gpt_sovits.ssl import find_weights, import_transformers, load_state_strict, read_weights
+
+BERT_FOLDER = "chinese-roberta-wwm-ext-large"  # its name inside upstream's pretrained_models/
+BERT_FEATURE_DIM = 1024  # hidden size of chinese-roberta-wwm-ext-large; the T2S bert_proj input
+BERT_LAYER = -3  # upstream: hidden_states[-3:-2]
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# The published file is a BertForPreTraining/MaskedLM dump: heads and the pooler are not part of the encoder.
+IGNORED_PREFIXES = ("cls.", "bert.pooler.", "pooler.")
+# Older transformers saved position_ids as a persistent buffer; newer ones rebuild it.
+OPTIONAL_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+
+def is_bert_language(language: str) -> bool:
+    """Whether upstream computes BERT features for a segment of this language (`zh`, `all_zh`)."""
+    return str(language).replace("all_", "") == "zh"
+
+
+def check_bert_folder(folder: str | Path) -> Path:
+    """The folder, after checking it holds config.json, a tokenizer and weights."""
+    folder = Path(folder)
+    fix = (
+        f"put upstream's {BERT_FOLDER} folder (config.json, pytorch_model.bin, tokenizer.json) at "
+        f"{str(folder)!r}, e.g. copy GPT_SoVITS/pretrained_models/{BERT_FOLDER} from a GPT-SoVITS install"
+    )
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"BERT folder {str(folder)!r} does not exist: {fix}")
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"BERT folder {str(folder)!r} has no config.json: {fix}")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelNotFoundError(f"BERT folder {str(folder)!r} has no tokenizer.json or vocab.txt: {fix}")
+    find_weights(folder)
+    return folder
+
+
+def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # BertForMaskedLM files name the encoder `bert.*`; a bare BertModel file has no prefix.
+    return {(k[len("bert.") :] if k.startswith("bert.") else k): v for k, v in state.items()}
+
+
+class BertFeatureExtractor(torch.nn.Module):
+    """Character-level BERT features of Chinese text, expanded to phone level with `word2ph`."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, folder: Path):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.folder = folder
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> BertFeatureExtractor:
+        """Load a chinese-roberta-wwm-ext-large folder (architecture from config.json), strictly, in eval mode."""
+        folder = check_bert_folder(folder)
+        transformers = import_transformers()
+        config = transformers.BertConfig.from_json_file(str(folder / "config.json"))
+        with torch.device(device):
+            model = transformers.BertModel(config, add_pooling_layer=False)
+        weights = find_weights(folder)
+        state = {k: v for k, v in read_weights(weights).items() if not k.startswith(IGNORED_PREFIXES)}
+        load_state_strict(model, _strip_prefix(state), weights, optional=OPTIONAL_KEYS)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return cls(model.to(device=device, dtype=dtype).eval(), tokenizer, folder)
+
+    @torch.inference_mode()
+    def char_features(self, text: str) -> torch.Tensor:
+        """[len(text), hidden] features, one per character (hidden_states[-3] without [CLS]/[SEP])."""
+        param = next(self.model.parameters())
+        inputs = self.tokenizer(text, return_tensors="pt")
+        inputs = {k: v.to(param.device) for k, v in inputs.items()}
+        hidden = self.model(**inputs, output_hidden_states=True).hidden_states[BERT_LAYER][
+            0, 1:-1
+        ]  # [n_tok, H]
+        if hidden.shape[0] != len(text):
+            raise ValueError(
+                f"the BERT tokenizer split {text!r} into {hidden.shape[0]} tokens for {len(text)} characters; "
+                "BERT features need one token per character: pass the Chinese frontend's normalised text"
+            )
+        return hidden
+
+    def forward(self, norm_text: str, word2ph: Sequence[int]) -> torch.Tensor:
+        """Phone-level features [hidden, sum(word2ph)]: character i's vector repeated word2ph[i] times."""
+        if len(word2ph) != len(norm_text):
+            raise ValueError(
+                f"word2ph has {len(word2ph)} entries for {len(norm_text)} characters of {norm_text!r}"
+            )
+        chars = self.char_features(norm_text)  # [n_chars, H]
+        repeats = torch.as_tensor(list(word2ph), dtype=torch.long, device=chars.device)
+        return torch.repeat_interleave(chars, repeats, dim=0).T  # [H, n_phones]
+
+
+def phone_bert_features(
+    extractor: BertFeatureExtractor | None,
+    language: str,
+    norm_text: str,
+    word2ph: Sequence[int] | None,
+    n_phones: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """BERT features [1024, n_phones] for one language segment, as upstream's `get_bert_inf`.
+
+    Chinese segments run `extractor` (required then); any other language gets zeros.
+    """
+    if not is_bert_language(language):
+        return torch.zeros(BERT_FEATURE_DIM, n_phones, dtype=dtype, device=device)
+    if extractor is None:
+        raise ValueError(
+            "Chinese text needs BERT features: load a BertFeatureExtractor from pretrained_models"
+        )
+    if word2ph is None or sum(word2ph) != n_phones:
+        raise ValueError(f"word2ph {word2ph} does not add up to the segment's {n_phones} phones")
+    return extractor(norm_text, word2ph).to(device=device, dtype=dtype)
+
+
+# --- random-weight folders for tests and benchmarks -------------------------------------------------
+SPECIAL_TOKENS = ["[PAD]"] + [f"[unused{i}]" for i in range(1, 100)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+FULL_VOCAB_SIZE = 21128  # chinese-roberta-wwm-ext-large (the bert-base-chinese vocabulary)
+TINY_CJK = 400  # CJK characters in the tiny vocabulary, from U+4E00 on, plus the ones below
+TINY_EXTRA_CHARS = "你好世界今天气很我们是中国人的语音合成测试这样吗呢吧啊说话声音"
+PUNCTUATION = list("，。！？、；：“”‘’（）《》…—·,.!?;:'\"()-~") + [str(d) for d in range(10)]
+
+
+def make_vocab(size: str) -> list[str]:
+    """A test vocabulary: the real special-token ids ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103),
+    punctuation, digits, CJK characters, and for `full` filler tokens up to 21128. Not the real vocabulary."""
+    if size not in ("tiny", "full"):
+        raise ValueError(f"unknown size {size!r}; valid sizes: tiny, full")
+    tokens = SPECIAL_TOKENS + PUNCTUATION
+    n_cjk = TINY_CJK if size == "tiny" else 0x9FA5 - 0x4E00 + 1
+    cjk = [chr(0x4E00 + i) for i in range(n_cjk)]
+    tokens += cjk + [c for c in dict.fromkeys(TINY_EXTRA_CHARS) if c not in set(cjk)]
+    if size == "full":
+        tokens = tokens[:FULL_VOCAB_SIZE]
+        tokens += [f"[filler{i}]" for i in range(FULL_VOCAB_SIZE - len(tokens))]
+    return tokens
+
+
+def bert_config(size: str, vocab_size: int) -> dict:
+    """config.json values: `full` = chinese-roberta-wwm-ext-large's real values, `tiny` = 3 layers of width 1024."""
+    full = {
+        "architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "intermediate_size": 4096, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
+        "initializer_range": 0.02, "layer_norm_eps": 1e-12, "vocab_size": FULL_VOCAB_SIZE, "pad_token_id": 0,
+        "bos_token_id": 0, "eos_token_id": 2, "directionality": "bidi", "output_past": True,
+        "pooler_fc_size": 768, "pooler_num_attention_heads": 12, "pooler_num_fc_layers": 3,
+        "pooler_size_per_head": 128, "pooler_type": "first_token_transform",
+    }  # fmt: skip
+    if size == "full":
+        return full
+    if size == "tiny":
+        # Width stays 1024 (the T2S bert_proj input); 3 layers so hidden_states[-3] is a transformer layer.
+        return {**full, "num_hidden_layers": 3, "intermediate_size": 256, "vocab_size": vocab_size}
+    raise ValueError(f"unknown size {size!r}; valid sizes: tiny, full")
+
+
+def make_bert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write a random-weight chinese-roberta-wwm-ext-large folder in the official layout (a test artefact).
+
+    Files: config.json, pytorch_model.bin (BertForMaskedLM names: `bert.*`, `cls.*`), tokenizer.json and
+    vocab.txt built from `make_vocab(size)`. Returns the folder.
+    """
+    transformers = import_transformers()
+    from tokenizers import BertWordPieceTokenizer
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = make_vocab(size)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True, handle_chinese_chars=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    values = bert_config(size, len(vocab))
+    torch.manual_seed(seed)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(**values))
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps(values, indent=2))
+    return folder
