@@ -30,7 +30,10 @@ def test_pre_segmentation_matches_upstream(case):
 
 def test_cut_semantics_by_hand():
     text = "一。二。三。四。五。六。七。八。九。"
-    assert apply_cut(text, CutMethod.EVERY_4_SENTENCES).split("\n") == ["一。二。三。四。", "五。六。七。八。九。"]
+    assert apply_cut(text, CutMethod.EVERY_4_SENTENCES).split("\n") == [
+        "一。二。三。四。",
+        "五。六。七。八。九。",
+    ]
     assert apply_cut("It is 3.14 now. Next.", CutMethod.EN_PERIOD).split("\n") == ["It is 3.14 now", " Next"]
     # upstream does not cut at a "." right after a digit either
     assert apply_cut("Pi is 3.14. Next.", CutMethod.EN_PERIOD) == "Pi is 3.14. Next"
