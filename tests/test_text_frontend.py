@@ -105,6 +105,10 @@ def test_punctuation_only_pieces_are_dropped_by_cut(frontend):
 def test_unsupported_languages_say_so(frontend):
     with pytest.raises(LanguageNotSupportedError, match="ko"):
         frontend.segments("안녕하세요", "all_ko")
+    with pytest.raises(LanguageNotSupportedError, match="yue"):
+        frontend.segments("你好", "all_yue")
+    with pytest.raises(LanguageNotSupportedError, match="g2pw_model_dir"):
+        TextFrontend(g2pw_model_dir="/some/GPT_SoVITS/text/G2PWModel")
 
 
 def test_missing_package_names_the_extra(frontend, monkeypatch):

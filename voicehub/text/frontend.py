@@ -59,13 +59,20 @@ class TextSegment:
 class TextFrontend:
     """GPT-SoVITS v3 text frontend.
 
-    g2pw_model_dir: a GPT-SoVITS `GPT_SoVITS/text/G2PWModel` folder; with it Chinese polyphones come
-    from G2PW (onnxruntime), without it from pypinyin. `polyphone_source` says which is in use.
+    g2pw_model_dir: a GPT-SoVITS `GPT_SoVITS/text/G2PWModel` folder for G2PW polyphones. The G2PW
+    reader is not built yet, so giving one raises; Chinese polyphones come from pypinyin
+    (upstream's own non-G2PW branch). `polyphone_source` says which is in use.
     bert_dir: the chinese-roberta-wwm-ext-large folder whose tokenizer G2PW reads (G2PW only).
     """
 
     def __init__(self, g2pw_model_dir: str | Path | None = None, bert_dir: str | Path | None = None):
-        self._g2pw_dir = Path(g2pw_model_dir) if g2pw_model_dir else None
+        if g2pw_model_dir is not None:
+            # Refuse up front rather than say "g2pw" and read with pypinyin.
+            raise LanguageNotSupportedError(
+                f"G2PW polyphone reading (g2pw_model_dir={str(g2pw_model_dir)!r}) is not built yet; "
+                "leave g2pw_model_dir unset to read Chinese polyphones with pypinyin"
+            )
+        self._g2pw_dir = None
         self._bert_dir = Path(bert_dir) if bert_dir else None
         self._strategies: dict[str, G2P] = {}  # built on first use, per frontend
 
@@ -104,11 +111,6 @@ class TextFrontend:
         module_name, class_name, extra = _STRATEGIES[language]
         try:
             module = importlib.import_module(module_name)
-            if language == "zh" and self._g2pw_dir is not None:
-                from voicehub.text.zh.g2pw import load_g2pw
-
-                model, corrections = load_g2pw(self._g2pw_dir, self._bert_dir)
-                return module.ChineseG2P(model, corrections)
             return getattr(module, class_name)()
         except ModuleNotFoundError as exc:
             if exc.name and exc.name.startswith("voicehub"):
