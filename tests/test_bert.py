@@ -113,3 +113,12 @@ def test_vocab_and_config_sizes():
     assert all(c in tiny for c in TEXT) and len(set(tiny)) == len(tiny)
     with pytest.raises(ValueError, match="tiny, full"):
         make_vocab("small")
+
+
+@pytest.mark.gpu
+def test_full_size_folder_on_gpu(tmp_path):
+    folder = make_bert_folder(tmp_path / "chinese-roberta-wwm-ext-large", "full", seed=0)
+    bert = BertFeatureExtractor.from_folder(folder, device="cuda", dtype=torch.float16)
+    assert len(bert.tokenizer) == FULL_VOCAB_SIZE
+    feats = phone_bert_features(bert, "zh", TEXT, WORD2PH, sum(WORD2PH), dtype=torch.float16, device="cuda")
+    assert feats.shape == (1024, 10) and torch.isfinite(feats).all()

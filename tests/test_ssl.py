@@ -127,3 +127,12 @@ def test_full_config_values_and_bad_size():
 def test_rejects_stereo_shape(encoder):
     with pytest.raises(ValueError, match=r"\[n\]"):
         encoder(torch.zeros(2, 16000))
+
+
+@pytest.mark.gpu
+def test_full_size_folder_on_gpu(tmp_path):
+    folder = make_hubert_folder(tmp_path / "chinese-hubert-base", "full", seed=0)
+    encoder = HubertEncoder.from_folder(folder, device="cuda", dtype=torch.float16)
+    feats = encoder(torch.randn(48000, device="cuda") * 0.1)
+    assert feats.shape == (1, 768, (48000 + 9600 - 400) // HUBERT_FRAME_SAMPLES + 1)
+    assert feats.dtype == torch.float16 and torch.isfinite(feats).all()
