@@ -1,0 +1,123 @@
+"""BigVGAN's anti-aliased periodic activation: 2x upsample, Snake/SnakeBeta, 2x downsample.
+
+The computation is one named op, `ANTI_ALIAS_SNAKE`, a free function of tensors. Each
+`AntiAliasActivation` module calls whatever function its `kernel` attribute holds, set at
+construction to the torch reference below; a runtime may swap in a fused kernel with
+`BigVGAN.set_activation_kernel` (same signature, same result within tolerance).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ANTI_ALIAS_SNAKE = "bigvgan.anti_alias_snake"  # the op's name in a kernel registry
+RATIO = 2  # up/down-sampling ratio around the activation
+FILTER_TAPS = 12  # kaiser-windowed sinc taps of both filters
+SNAKE_EPS = 1e-9  # keeps 1/beta finite, as upstream
+
+
+def kaiser_sinc_filter(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
+    """Low-pass FIR [1, 1, taps] (even taps), normalised to unit DC gain (alias-free-torch design)."""
+    half = taps // 2
+    delta_f = 4 * half_width
+    attenuation = 2.285 * (half - 1) * math.pi * delta_f + 7.95
+    if attenuation > 50.0:
+        beta = 0.1102 * (attenuation - 8.7)
+    elif attenuation >= 21.0:
+        beta = 0.5842 * (attenuation - 21) ** 0.4 + 0.07886 * (attenuation - 21.0)
+    else:
+        beta = 0.0
+    window = torch.kaiser_window(taps, beta=beta, periodic=False)
+    time = torch.arange(-half, half) + 0.5
+    filt = 2 * cutoff * window * torch.sinc(2 * cutoff * time)
+    return (filt / filt.sum()).view(1, 1, taps)
+
+
+ActivationKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor
+]
+
+
+def anti_alias_snake_torch(
+    x: torch.Tensor,
+    up_filter: torch.Tensor,
+    down_filter: torch.Tensor,
+    alpha: torch.Tensor,
+    beta: torch.Tensor,
+    logscale: bool,
+) -> torch.Tensor:
+    """Reference: x [B, C, T] -> [B, C, T].
+
+    up_filter, down_filter: [1, 1, 12]; alpha, beta: [C] (log-scale when `logscale`).
+    SnakeBeta: y = x + sin^2(alpha x) / (beta + eps); plain Snake passes beta = alpha.
+    """
+    channels = x.shape[1]
+    taps = up_filter.shape[-1]
+    # Upsample: replicate-pad, zero-stuffing transposed conv, gain RATIO, crop (UpSample1d).
+    pad = taps // RATIO - 1
+    crop_left = pad * RATIO + (taps - RATIO) // 2
+    crop_right = pad * RATIO + (taps - RATIO + 1) // 2
+    h = F.pad(x, (pad, pad), mode="replicate")
+    h = RATIO * F.conv_transpose1d(h, up_filter.expand(channels, -1, -1), stride=RATIO, groups=channels)
+    h = h[..., crop_left:-crop_right]
+    a = alpha.view(1, -1, 1)
+    b = beta.view(1, -1, 1)
+    if logscale:
+        a, b = torch.exp(a), torch.exp(b)
+    h = h + (1.0 / (b + SNAKE_EPS)) * torch.sin(h * a).pow(2)
+    # Downsample: replicate-pad, low-pass, keep every RATIO-th sample (DownSample1d).
+    taps = down_filter.shape[-1]
+    h = F.pad(h, (taps // 2 - 1, taps // 2), mode="replicate")
+    return F.conv1d(h, down_filter.expand(channels, -1, -1), stride=RATIO, groups=channels)
+
+
+class Snake(nn.Module):
+    """Parameters of Snake (`alpha`) or SnakeBeta (`alpha`, `beta`)."""
+
+    def __init__(self, channels: int, with_beta: bool, logscale: bool):
+        super().__init__()
+        init = 0.0 if logscale else 1.0  # both mean a factor of 1
+        self.alpha = nn.Parameter(torch.full((channels,), init))
+        self.beta = nn.Parameter(torch.full((channels,), init)) if with_beta else None
+
+
+class _Filter(nn.Module):
+    def __init__(self, cutoff: float, half_width: float):
+        super().__init__()
+        self.register_buffer("filter", kaiser_sinc_filter(cutoff, half_width, FILTER_TAPS))
+
+
+class _DownSample(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lowpass = _Filter(0.5 / RATIO, 0.6 / RATIO)
+
+
+class AntiAliasActivation(nn.Module):
+    """Holds `act.alpha`/`act.beta`, `upsample.filter`, `downsample.lowpass.filter` (upstream names)."""
+
+    def __init__(
+        self,
+        channels: int,
+        with_beta: bool,
+        logscale: bool,
+        kernel: ActivationKernel = anti_alias_snake_torch,
+    ):
+        super().__init__()
+        self.act = Snake(channels, with_beta, logscale)
+        self.upsample = _Filter(0.5 / RATIO, 0.6 / RATIO)
+        self.downsample = _DownSample()
+        self.logscale = logscale
+        self.kernel = kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, C, T] -> [B, C, T]
+        beta = self.act.beta if self.act.beta is not None else self.act.alpha
+        return self.kernel(
+            x, self.upsample.filter, self.downsample.lowpass.filter, self.act.alpha, beta, self.logscale
+        )

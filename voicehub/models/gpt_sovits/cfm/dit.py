@@ -1,0 +1,249 @@
+"""The DiT velocity estimator of GPT-SoVITS v3's conditional flow matching (F5-TTS backbone).
+
+Names and shapes follow upstream's `f5_tts.model.backbones.dit.DiT`. Two compatibility facts:
+rotary embedding is applied to the first `dim_head` channels of q and k before the split into
+heads (so only the first head is rotated), with interleaved pairs, as x_transformers'
+`apply_rotary_pos_emb` does on a [B, N, heads*dim_head] tensor; and the text/step embeddings
+do not change across solver steps, so they are computed once per solve.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FREQ_EMBED_DIM = 256  # sinusoidal width of the step embeddings
+TEXT_MAX_POS = 4096  # positions precomputed for the text-side sinusoid (~44 s at 24 kHz)
+CONV_POS_KERNEL = 31
+CONV_POS_GROUPS = 16
+
+
+def sinusoid_table(dim: int, n_pos: int, theta: float = 10000.0) -> torch.Tensor:
+    """[n_pos, dim]: cos of pos*freq for the first half, sin for the second (F5's precompute_freqs_cis)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    angles = torch.outer(torch.arange(n_pos).float(), freqs)
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Scalar step in [0, 1] -> [B, dim] through a 1000-scaled sinusoid and an MLP."""
+
+    def __init__(self, dim: int, freq_dim: int = FREQ_EMBED_DIM):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.time_mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        # t: [B]
+        half = self.freq_dim // 2
+        freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+        angles = 1000 * t.unsqueeze(1) * freqs.unsqueeze(0)
+        emb = torch.cat((angles.sin(), angles.cos()), dim=-1).to(t.dtype)
+        return self.time_mlp(emb)
+
+
+class GRN(nn.Module):
+    """Global response normalisation of ConvNeXt-V2."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.zeros(1, 1, dim))
+        self.beta = nn.Parameter(torch.zeros(1, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, N, D]
+        gx = torch.norm(x, p=2, dim=1, keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        return self.gamma * (x * nx) + self.beta + x
+
+
+class ConvNeXtV2Block(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.dwconv = nn.Conv1d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, hidden)
+        self.grn = GRN(hidden)
+        self.pwconv2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, N, D]
+        h = self.dwconv(x.transpose(1, 2)).transpose(1, 2)
+        h = self.grn(F.gelu(self.pwconv1(self.norm(h))))
+        return x + self.pwconv2(h)
+
+
+class TextEmbedding(nn.Module):
+    """Condition features [B, N, text_dim] + fixed sinusoid -> ConvNeXt-V2 blocks."""
+
+    def __init__(self, text_dim: int, n_conv_layers: int, conv_mult: int = 2):
+        super().__init__()
+        self.register_buffer("freqs_cis", sinusoid_table(text_dim, TEXT_MAX_POS), persistent=False)
+        self.text_blocks = nn.Sequential(
+            *[ConvNeXtV2Block(text_dim, text_dim * conv_mult) for _ in range(n_conv_layers)]
+        )
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        # text: [B, N, text_dim]; positions past the table reuse its last row, as upstream
+        pos = torch.arange(text.shape[1], device=text.device).clamp(max=TEXT_MAX_POS - 1)
+        return self.text_blocks(text + self.freqs_cis[pos].to(text.dtype))
+
+
+class ConvPositionEmbedding(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        pad = CONV_POS_KERNEL // 2
+        self.conv1d = nn.Sequential(
+            nn.Conv1d(dim, dim, CONV_POS_KERNEL, groups=CONV_POS_GROUPS, padding=pad),
+            nn.Mish(),
+            nn.Conv1d(dim, dim, CONV_POS_KERNEL, groups=CONV_POS_GROUPS, padding=pad),
+            nn.Mish(),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, N, D]
+        return self.conv1d(x.transpose(1, 2)).transpose(1, 2)
+
+
+class InputEmbedding(nn.Module):
+    def __init__(self, mel_dim: int, text_dim: int, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(mel_dim * 2 + text_dim, dim)
+        self.conv_pos_embed = ConvPositionEmbedding(dim)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, text_embed: torch.Tensor) -> torch.Tensor:
+        # x, cond: [B, N, mel], text_embed: [B, N, text_dim] -> [B, N, dim]
+        h = self.proj(torch.cat((x, cond, text_embed), dim=-1))
+        return self.conv_pos_embed(h) + h
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds `inv_freq` (the files carry it); angles are computed in float32."""
+
+    def __init__(self, dim_head: int, base: float = 10000.0):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head)))
+
+    def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # -> cos, sin: [N, dim_head], each angle repeated for its interleaved pair
+        angles = (
+            torch.arange(n, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()[None, :]
+        )
+        angles = angles.repeat_interleave(2, dim=-1)
+        return angles.cos(), angles.sin()
+
+
+def apply_rope_first_head(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] channels of x [B, N, C] in interleaved pairs; rest unchanged."""
+    rot = cos.shape[-1]
+    head, rest = x[..., :rot].float(), x[..., rot:]
+    pairs = head.unflatten(-1, (-1, 2))
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    return torch.cat(((head * cos + rotated * sin).to(x.dtype), rest), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, dim_head: int):
+        super().__init__()
+        self.heads = heads
+        inner = heads * dim_head
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(dim, inner)
+        self.to_v = nn.Linear(dim, inner)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
+
+    def forward(self, x, rope, mask=None):
+        # x: [B, N, D], rope: (cos, sin) [N, dim_head], mask: [B, N] bool or None (all valid)
+        b, n, _ = x.shape
+        cos, sin = rope
+        q = apply_rope_first_head(self.to_q(x), cos, sin)
+        k = apply_rope_first_head(self.to_k(x), cos, sin)
+        v = self.to_v(x)
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        attn_mask = None if mask is None else mask[:, None, None, :].expand(b, self.heads, n, n)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        out = self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
+        return out if mask is None else out.masked_fill(~mask[..., None], 0.0)
+
+
+class AdaLayerNormZero(nn.Module):
+    def __init__(self, dim: int, n_chunks: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim * n_chunks)
+        self.n_chunks = n_chunks
+
+    def forward(self, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # emb: [B, D] -> n_chunks tensors [B, 1, D]
+        return tuple(c[:, None] for c in self.linear(F.silu(emb)).chunk(self.n_chunks, dim=1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int):
+        super().__init__()
+        inner = int(dim * mult)
+        self.ff = nn.Sequential(
+            nn.Sequential(nn.Linear(dim, inner), nn.GELU(approximate="tanh")),
+            nn.Identity(),
+            nn.Linear(inner, dim),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ff(x)
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: int):
+        super().__init__()
+        self.attn_norm = AdaLayerNormZero(dim, 6)
+        self.attn = Attention(dim, heads, dim_head)
+        self.ff = FeedForward(dim, ff_mult)
+
+    def forward(self, x, t, rope, mask=None):
+        # x: [B, N, D], t: [B, D]
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(t)
+        norm = F.layer_norm(x, (x.shape[-1],), eps=1e-6) * (1 + scale_msa) + shift_msa
+        x = x + gate_msa * self.attn(norm, rope, mask)
+        norm = F.layer_norm(x, (x.shape[-1],), eps=1e-6) * (1 + scale_mlp) + shift_mlp
+        return x + gate_mlp * self.ff(norm)
+
+
+class DiT(nn.Module):
+    """Velocity estimator v(x_t, prompt, condition, t, d) -> [B, N, mel_dim]."""
+
+    def __init__(self, dim, depth, heads, dim_head, ff_mult, mel_dim, text_dim, n_conv_layers):
+        super().__init__()
+        self.time_embed = TimestepEmbedding(dim)
+        self.d_embed = TimestepEmbedding(dim)
+        self.text_embed = TextEmbedding(text_dim, n_conv_layers)
+        self.input_embed = InputEmbedding(mel_dim, text_dim, dim)
+        self.rotary_embed = RotaryEmbedding(dim_head)
+        self.transformer_blocks = nn.ModuleList(DiTBlock(dim, heads, dim_head, ff_mult) for _ in range(depth))
+        self.norm_out = AdaLayerNormZero(dim, 2)
+        self.proj_out = nn.Linear(dim, mel_dim)
+
+    def condition(self, mu: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step-invariant parts: text embedding [B, N, text_dim] and step-size embedding [B, dim]."""
+        # mu: [B, N, text_dim], d: [B] solver step size
+        return self.text_embed(mu), self.d_embed(d)
+
+    def forward(self, x, cond, text_emb, t, d_emb, mask=None):
+        # x, cond: [B, N, mel] noisy mel and prompt mel, text_emb: [B, N, text_dim], t: [B], d_emb: [B, dim]
+        temb = self.time_embed(t) + d_emb
+        h = self.input_embed(x, cond, text_emb)
+        rope = self.rotary_embed(x.shape[1])
+        for block in self.transformer_blocks:
+            h = block(h, temb, rope, mask)
+        scale, shift = self.norm_out(temb)
+        h = F.layer_norm(h, (h.shape[-1],), eps=1e-6) * (1 + scale) + shift
+        return self.proj_out(h)
+
+
+class CFM(nn.Module):
+    """Holds the estimator under `estimator`, matching upstream's `cfm.estimator.*` names."""
+
+    def __init__(self, estimator: DiT):
+        super().__init__()
+        self.estimator = estimator

@@ -1,0 +1,203 @@
+"""Reading SoVITS `.pth` files: version header, kind and version checks, strict load, LoRA merge.
+
+File facts (upstream process_ckpt.py): a SoVITS file is a torch zip of {"weight", "config",
+"info"} with fp16 weights; LoRA and v2Pro files are written by `my_save2`, which overwrites the
+zip's first two bytes ("PK") with a version code. The pretrained bases are recognised by the md5
+of their first 8192 bytes. A v3 LoRA file holds the trainable tensors of LoRA training: the LoRA
+factors of the DiT attention (under `cfm.base_model.model.`), the non-frozen SoVITS layers and
+all buffers; the rest comes from the base `s2Gv3.pth`, and W += B @ A * alpha / rank with
+alpha = rank (upstream's LoraConfig), merged here without peft.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from voicehub.errors import CheckpointError
+from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
+from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
+from voicehub.models.gpt_sovits.sovits.strict import check_layout, file_layout, load_strict, to_module_state
+
+HEADER_VERSIONS = {  # first two bytes -> (model version, is LoRA)
+    b"00": ("v1", False),
+    b"01": ("v2", False),
+    b"02": ("v3", False),
+    b"03": ("v3", True),
+    b"04": ("v4", True),
+    b"05": ("v2Pro", False),
+    b"06": ("v2ProPlus", False),
+}
+PRETRAINED_MD5 = {  # md5 of the first 8192 bytes of upstream's pretrained SoVITS files
+    "dc3c97e17592963677a4a1681f30c653": "v2",  # s2G488k.pth (v1 weights, v2 loader)
+    "43797be674a37c1c83ee81081941ed0f": "v3",  # s2Gv3.pth
+    "6642b37f3dbb1f76882b69937c95a5f3": "v2",  # s2G2333K.pth
+    "4f26b9476d0c5033e04162c486074374": "v4",  # s2Gv4.pth
+    "c7e9fce2223f3db685cdfa1e6368728a": "v2Pro",  # s2Gv2Pro.pth
+    "66b313e39455b57ab1b0bc0b239c9d0a": "v2ProPlus",  # s2Gv2ProPlus.pth
+}
+LORA_PREFIX = "cfm.base_model.model."  # peft's wrapping of `cfm` during LoRA training
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+_LORA_KEY = re.compile(r"(.+)\.lora_([AB])\.default\.weight")
+
+
+class HParams:
+    """Stand-in for upstream's `utils.HParams`, which trained files pickle as their config."""
+
+
+_CONFIG_CLASSES = [(HParams, "utils.HParams"), (HParams, "GPT_SoVITS.utils.HParams")]
+
+
+@dataclass
+class SoVITSFile:
+    path: Path
+    version: str  # "v1", "v2", "v3", "v4", "v2Pro", "v2ProPlus"
+    is_lora: bool
+    weight: dict[str, torch.Tensor]
+    config: dict[str, Any]
+    lora_rank: int | None
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, HParams):
+        obj = vars(obj)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _torch_load(data: bytes, path: Path) -> Any:
+    # weights_only: a config pickled as utils.HParams is rebuilt as our stand-in, nothing else runs.
+    try:
+        with torch.serialization.safe_globals(_CONFIG_CLASSES):
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path} as a GPT-SoVITS checkpoint: {exc}") from exc
+
+
+def read_sovits_file(path: str | Path) -> SoVITSFile:
+    """Load a SoVITS .pth (plain or version-headed) and tell its version; nothing is built."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"SoVITS checkpoint {path} does not exist")
+    data = path.read_bytes()
+    version, is_lora = PRETRAINED_MD5.get(hashlib.md5(data[:8192]).hexdigest()), False
+    head = data[:2]
+    if head != b"PK":
+        if head not in HEADER_VERSIONS:
+            raise CheckpointError(f"{path} is neither a PyTorch zip file nor a GPT-SoVITS versioned .pth")
+        version, is_lora = HEADER_VERSIONS[head]
+        data = b"PK" + data[2:]
+    ckpt = _torch_load(data, path)
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("weight"), dict):
+        raise CheckpointError(f"{path} has no 'weight' dict; it is not a GPT-SoVITS SoVITS checkpoint")
+    weight, config = ckpt["weight"], _plain(ckpt.get("config") or {})
+    if any(k.startswith("model.") for k in weight):
+        raise CheckpointError(
+            f"{path} is a GPT (text-to-semantic) checkpoint, not a SoVITS one; pass it as gpt_path"
+        )
+    is_lora = is_lora or "lora_rank" in ckpt
+    version = version or _version_from_tensors(weight, config)
+    rank = int(ckpt["lora_rank"]) if "lora_rank" in ckpt else None
+    return SoVITSFile(path, version, is_lora, weight, config, rank)
+
+
+def _version_from_tensors(weight: dict[str, torch.Tensor], config: dict[str, Any]) -> str:
+    declared = str((config.get("model") or {}).get("version", ""))
+    if any(k.startswith("cfm.") for k in weight):
+        return "v4" if declared == "v4" else "v3"  # v3 and v4 share every tensor shape
+    if "sv_emb.weight" in weight:
+        return "v2ProPlus" if declared == "v2ProPlus" else "v2Pro"
+    emb = weight.get("enc_p.text_embedding.weight")
+    return "v1" if emb is not None and emb.shape[0] == 322 else "v2"
+
+
+def _require_v3(f: SoVITSFile) -> None:
+    if f.version != "v3":
+        raise CheckpointError(
+            f"{f.path} is a GPT-SoVITS {f.version} SoVITS checkpoint; VoiceHub loads v3 only for now. "
+            "Use a v3 SoVITS file (or a v3 LoRA trained on s2Gv3.pth)."
+        )
+
+
+def build_sovits(f: SoVITSFile) -> SynthesizerV3:
+    """Build the model a full (non-LoRA) v3 file describes and load it strictly (float32, CPU)."""
+    _require_v3(f)
+    if f.is_lora:
+        raise CheckpointError(f"{f.path} is a LoRA checkpoint; load it with its base s2Gv3.pth")
+    shapes = {k: tuple(t.shape) for k, t in f.weight.items()}
+    model = SynthesizerV3(SoVITSV3Arch.from_checkpoint(f.config, shapes, str(f.path)))
+    load_strict(model, f.weight, str(f.path))
+    return model.eval()
+
+
+def load_sovits_v3(path: str | Path, base_path: str | Path | None = None) -> SynthesizerV3:
+    """A ready SoVITS v3 model (float32, CPU, eval) from a full file, or a LoRA file plus its base.
+
+    base_path: the pretrained `s2Gv3.pth` (GPT_SoVITS/pretrained_models/s2Gv3.pth), needed
+    only when `path` is a LoRA checkpoint.
+    """
+    f = read_sovits_file(path)
+    _require_v3(f)
+    if not f.is_lora:
+        return build_sovits(f)
+    if base_path is None or not Path(base_path).is_file():
+        raise CheckpointError(
+            f"{f.path} is a SoVITS v3 LoRA; its base s2Gv3.pth is needed but was not found at {base_path}. "
+            "Put s2Gv3.pth in GPT_SoVITS/pretrained_models (pretrained_dir)."
+        )
+    base = read_sovits_file(base_path)
+    model = build_sovits(base)
+    apply_lora_file(model, f)
+    return model
+
+
+def apply_lora_file(model: SynthesizerV3, f: SoVITSFile) -> None:
+    """Overlay a LoRA file's tensors on a loaded base model and merge its LoRA factors."""
+    source = str(f.path)
+    if not f.lora_rank or f.lora_rank < 1:
+        raise CheckpointError(f"{source} is a LoRA checkpoint without a positive 'lora_rank'")
+    plain: dict[str, torch.Tensor] = {}
+    factors: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in f.weight.items():
+        name = "cfm." + key[len(LORA_PREFIX) :] if key.startswith(LORA_PREFIX) else key
+        m = _LORA_KEY.fullmatch(name)
+        if m:
+            factors.setdefault(m.group(1), {})[m.group(2)] = tensor
+        else:
+            plain[name] = tensor
+    check_layout(plain, file_layout(model), source, allow_missing=True)
+    own = model.state_dict()
+    _check_factors(factors, own, f.lora_rank, source)
+    with torch.no_grad():
+        for name, value in to_module_state(plain, model).items():
+            own[name].copy_(value.to(own[name].dtype))
+        for layer, ab in factors.items():
+            # alpha == rank in upstream's LoraConfig, so the LoRA scale alpha / rank is 1.
+            delta = ab["B"].float() @ ab["A"].float()
+            own[f"{layer}.weight"].add_(delta.to(own[f"{layer}.weight"].dtype))
+
+
+def _check_factors(factors, own, rank: int, source: str) -> None:
+    expected: dict[str, tuple[int, ...]] = {}
+    for layer in lora_layers(own):
+        out_f, in_f = own[f"{layer}.weight"].shape
+        expected[f"{layer}.lora_A"] = (rank, in_f)
+        expected[f"{layer}.lora_B"] = (out_f, rank)
+    found = {f"{layer}.lora_{ab}": t for layer, pair in factors.items() for ab, t in pair.items()}
+    check_layout(found, expected, f"{source} (LoRA rank {rank})")
+
+
+def lora_layers(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the DiT attention projections LoRA adapts (upstream's target_modules)."""
+    pattern = re.compile(
+        r"(cfm\.estimator\.transformer_blocks\.\d+\.attn\.(?:to_q|to_k|to_v|to_out\.0))\.weight"
+    )
+    return [m.group(1) for k in state if (m := pattern.fullmatch(k))]
