@@ -139,6 +139,20 @@ def _is_done(idx: int, n_generated: int, cap: int, forced: int | None) -> bool:
     return n_generated > cap or idx == MAX_DECODE_STEPS - 1
 
 
+def encode_prompt(
+    model: T2SModel, phone_ids: torch.Tensor, bert: torch.Tensor, prompt: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Prefill [phonemes | prompt tokens]. phone_ids: [Tx] long; bert: [1024, Tx]; prompt: [Ty] long
+    (all on the model's device). Returns the next-token logits [1, V] and per-layer K, V [1, H, T, D/H]."""
+    dtype = model.ar_predict_layer.weight.dtype
+    xy = model.embed_text(phone_ids[None], bert.to(dtype)[None])
+    if prompt.shape[0]:
+        xy = torch.cat([xy, model.embed_audio(prompt[None])], dim=1)
+    attend = prompt_attention(phone_ids.shape[0], prompt.shape[0], phone_ids.device)
+    hidden, keys, values = model.prefill(xy, attend)
+    return model.logits(hidden[:, -1]), keys, values
+
+
 @torch.inference_mode()
 def decode(
     model: T2SModel,
@@ -153,14 +167,10 @@ def decode(
     (zeros where not Chinese); prompt_tokens: [Ty] long semantic tokens of the reference audio.
     """
     cfg = model.config
-    dev, dtype = model.ar_predict_layer.weight.device, model.ar_predict_layer.weight.dtype
+    dev = model.ar_predict_layer.weight.device
     phone_ids, prompt = phone_ids.to(dev).long(), prompt_tokens.to(dev).long()
-    n_text, n_audio = phone_ids.shape[0], prompt.shape[0]
-    xy = model.embed_text(phone_ids[None], bert.to(device=dev, dtype=dtype)[None])
-    if n_audio:
-        xy = torch.cat([xy, model.embed_audio(prompt[None])], dim=1)
-    hidden, keys, values = model.prefill(xy, prompt_attention(n_text, n_audio, dev))
-    logits = model.logits(hidden[:, -1])
+    n_audio = prompt.shape[0]
+    logits, keys, values = encode_prompt(model, phone_ids, bert.to(dev), prompt)
     gen = make_generator(params.seed, dev)
     cap = params.max_new_tokens or cfg.early_stop_num
     forced = params.force_n_tokens

@@ -1,0 +1,276 @@
+"""Static-KV decoding for the T2S decoder: fixed buffers, a batch dimension, a capturable step.
+
+`decode_step` is the unit a CUDA graph captures: a free function of (model, cache, state, sampling
+buffers, generator, n_slots) that advances every row by one token using only device tensors; the
+only Python value it depends on is n_slots, the KV bucket, fixed per captured graph. Stop decisions
+are made on the device (`done`, `stop_step`); the host reads them every few steps, never per token.
+
+Same semantics as the eager reference (`decode.py`). Where upstream slices the EOS logit off
+(first 11 steps, forced mode) the host passes drop_eos=True when every row is in that phase, so the
+noise draw has upstream's width and the RNG stream matches; rows in mixed phases get EOS = -inf at
+full width instead (same greedy tokens; a different draw width, so sampled tokens may differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from voicehub.models.gpt_sovits.t2s.config import EOS_BLOCKED_STEPS, MAX_DECODE_STEPS
+from voicehub.models.gpt_sovits.t2s.decode import (
+    DecodeResult,
+    StopReason,
+    T2SSamplingParams,
+    encode_prompt,
+    make_generator,
+)
+from voicehub.models.gpt_sovits.t2s.model import T2SModel
+from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
+from voicehub.runtime.sampling import SamplingBuffers, sample
+
+
+@dataclass(frozen=True)
+class StaticDecodeConfig:
+    """Engine sizes: rows decoded together, KV slots per row, attention (KV-length) buckets, batch
+    buckets (a step runs on the first n rows, n a bucket), stop-check period in steps."""
+
+    max_batch: int = 1
+    max_seq_len: int = 2048
+    kv_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    stop_check_interval: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_seq_len < 2 or self.stop_check_interval < 1:
+            raise ValueError("StaticDecodeConfig: max_batch, stop_check_interval >= 1 and max_seq_len >= 2")
+        if not self.kv_buckets or any(b < 1 or b > self.max_seq_len for b in self.kv_buckets):
+            raise ValueError(
+                f"kv_buckets {self.kv_buckets} must be non-empty, each in [1, max_seq_len={self.max_seq_len}]"
+            )
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """Sorted KV buckets, with max_seq_len as the last so every fitting sequence has one."""
+        return tuple(sorted(set(self.kv_buckets) | {self.max_seq_len}))
+
+    @property
+    def row_buckets(self) -> tuple[int, ...]:
+        """Sorted batch buckets up to max_batch, max_batch included."""
+        return tuple(sorted({b for b in self.batch_buckets if 1 <= b < self.max_batch} | {self.max_batch}))
+
+
+@dataclass(frozen=True)
+class T2SRequest:
+    """One sequence: phone_ids [Tx] long, bert [1024, Tx], prompt_tokens [Ty] long, and its params."""
+
+    phone_ids: torch.Tensor
+    bert: torch.Tensor
+    prompt_tokens: torch.Tensor
+    params: T2SSamplingParams
+
+
+@dataclass
+class DecodeState:
+    """Per-row device tensors of a decode, allocated once. All [B] unless noted:
+    tokens (last token), audio_pos (its position), step (tokens sampled so far), cap (upstream's
+    early_stop_num, or N when forced), stop_step, forced, done, stop_eos, out [B, max_out] tokens,
+    rows (arange(B), for indexing)."""
+
+    tokens: torch.Tensor
+    audio_pos: torch.Tensor
+    step: torch.Tensor
+    cap: torch.Tensor
+    stop_step: torch.Tensor
+    forced: torch.Tensor
+    done: torch.Tensor
+    stop_eos: torch.Tensor
+    out: torch.Tensor
+    rows: torch.Tensor
+
+    @classmethod
+    def allocate(cls, batch: int, max_out: int, device: torch.device) -> DecodeState:
+        def longs() -> torch.Tensor:
+            return torch.zeros(batch, dtype=torch.long, device=device)
+
+        def bools() -> torch.Tensor:
+            return torch.zeros(batch, dtype=torch.bool, device=device)
+
+        out = torch.zeros(batch, max_out, dtype=torch.long, device=device)
+        rows = torch.arange(batch, device=device)
+        return cls(longs(), longs(), longs(), longs(), longs(), bools(), bools(), bools(), out, rows)
+
+    def narrow(self, n_rows: int) -> DecodeState:
+        """A view of rows [0, n_rows) sharing storage (a batch bucket)."""
+        return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
+
+
+def forward_step(
+    model: T2SModel, cache: StaticKVCache, tokens: torch.Tensor, audio_pos: torch.Tensor, n_slots: int
+) -> torch.Tensor:
+    """Run each row's last token through the decoder against its cached context.
+    tokens, audio_pos: [B] long -> logits [B, V]. Writes K/V at slot `cache.lengths`; does not advance it."""
+    x = model.embed_audio_at(tokens, audio_pos)  # [B, 1, D]
+    mask = cache.step_mask(n_slots)  # [B, 1, 1, n_slots]
+    for i, layer in enumerate(model.h.layers):
+        q, k, v = layer.project_qkv(x)  # [B, H, 1, D/H]
+        cache.append(i, k[:, :, 0], v[:, :, 0])
+        keys, values = cache.view(i, n_slots)
+        x = layer.finish(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
+    return model.logits(x[:, 0])
+
+
+def sample_step(
+    model: T2SModel,
+    state: DecodeState,
+    logits: torch.Tensor,
+    buf: SamplingBuffers,
+    generator: torch.Generator,
+    drop_eos: bool = False,
+) -> torch.Tensor:
+    """Choose each row's next token and update its stop state, on the device. logits: [B, V] -> [B].
+
+    drop_eos (static, chosen by the host when every row has EOS blocked: the first 11 steps, or all
+    rows forced) samples from logits[:, :EOS] as upstream does, so the noise draw has upstream's
+    width and a fixed seed gives upstream's tokens. Otherwise blocked rows get EOS = -inf."""
+    eos = model.config.eos
+    blocked = state.forced | (state.step < EOS_BLOCKED_STEPS)
+    if drop_eos:
+        logits = logits[:, :eos]
+    else:
+        logits = logits.clone()
+        logits[:, eos] = logits[:, eos].masked_fill(blocked, float("-inf"))
+    tokens, penalized = sample(logits, buf, generator)
+    is_eos = ~blocked & ((tokens == eos) | (penalized.argmax(dim=-1) == eos))
+    n_sampled = state.step + 1
+    hit_cap = torch.where(
+        state.forced, n_sampled >= state.cap, (n_sampled > state.cap) | (state.step == MAX_DECODE_STEPS - 1)
+    )
+    active = ~state.done
+    col = state.step.clamp(max=state.out.shape[1] - 1)
+    state.out[state.rows, col] = torch.where(active, tokens, state.out[state.rows, col])
+    newly_done = active & (is_eos | hit_cap)
+    state.stop_step.copy_(torch.where(newly_done, state.step, state.stop_step))
+    state.stop_eos.copy_(torch.where(newly_done, is_eos, state.stop_eos))
+    state.done.logical_or_(newly_done)
+    buf.mark_seen(tokens)
+    state.tokens.copy_(tokens)
+    state.step.add_((~state.done).long())
+    return tokens
+
+
+def decode_step(
+    model: T2SModel,
+    cache: StaticKVCache,
+    state: DecodeState,
+    buf: SamplingBuffers,
+    generator: torch.Generator,
+    n_slots: int,
+    drop_eos: bool = False,
+) -> torch.Tensor:
+    """One token for every row: forward the last token, sample the next, advance live rows.
+    No host sync and no branch on tensor values; n_slots (the KV bucket) and drop_eos are static
+    choices of the host, one captured graph per combination."""
+    logits = forward_step(model, cache, state.tokens, state.audio_pos, n_slots)
+    live = ~state.done  # rows that consumed a slot this step
+    tokens = sample_step(model, state, logits, buf, generator, drop_eos)
+    cache.advance(live)
+    state.audio_pos.add_(live.long())
+    return tokens
+
+
+class T2SStaticDecoder:
+    """Owns the static state of one model's decodes: KV cache, sampling buffers, per-row state.
+
+    Allocated once from an engine config; `decode` runs up to max_batch requests together. This is
+    the object a CUDA-graph runner wraps (capturing `decode_step` per bucket); here it runs eagerly.
+    """
+
+    def __init__(self, model: T2SModel, engine: StaticDecodeConfig | None = None):
+        self.model, self.engine = model, engine or StaticDecodeConfig()
+        cfg, w = model.config, model.ar_predict_layer.weight
+        self.device = w.device
+        self.cache = StaticKVCache(
+            cfg.n_layer, self.engine.max_batch, cfg.n_head, self.engine.max_seq_len, cfg.head_dim,
+            device=w.device, dtype=w.dtype,
+        )  # fmt: skip
+        self.buf = SamplingBuffers.allocate(self.engine.max_batch, cfg.vocab_size, w.device)
+        self.state = DecodeState.allocate(self.engine.max_batch, self.engine.max_seq_len, w.device)
+
+    def _step_limit(self, params: T2SSamplingParams) -> tuple[int, int]:
+        """(cap kept on the device, most steps the row can take)."""
+        if params.force_n_tokens is not None:
+            return params.force_n_tokens, params.force_n_tokens
+        cap = params.max_new_tokens or self.model.config.early_stop_num
+        return cap, min(cap + 1, MAX_DECODE_STEPS)
+
+    def _load_row(self, row: int, req: T2SRequest) -> tuple[torch.Tensor, int, int]:
+        """Prefill one request into its row; returns (first logits [V], prompt length, step limit)."""
+        phone_ids, prompt = req.phone_ids.to(self.device).long(), req.prompt_tokens.to(self.device).long()
+        cap, limit = self._step_limit(req.params)
+        n_prompt = phone_ids.shape[0] + prompt.shape[0]
+        if n_prompt + limit > self.engine.max_seq_len:
+            raise ValueError(
+                f"request needs up to {n_prompt} + {limit} KV slots, the static cache holds "
+                f"{self.engine.max_seq_len}; raise StaticDecodeConfig.max_seq_len or lower max_new_tokens"
+            )
+        logits, keys, values = encode_prompt(self.model, phone_ids, req.bert.to(self.device), prompt)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            self.cache.fill_row(i, row, k[0], v[0])
+        self.cache.set_length(row, n_prompt)
+        p, st = req.params, self.state
+        self.buf.set_row(row, top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
+                         repetition_penalty=p.repetition_penalty, seen_tokens=prompt)  # fmt: skip
+        st.audio_pos[row], st.cap[row], st.forced[row] = prompt.shape[0], cap, p.force_n_tokens is not None
+        st.done[row] = False
+        return logits[0], n_prompt, limit
+
+    def _reset(self) -> None:
+        st = self.state
+        for t in (st.tokens, st.audio_pos, st.step, st.cap, st.stop_step, self.cache.lengths):
+            t.zero_()
+        st.forced.zero_()
+        st.stop_eos.zero_()
+        st.done.fill_(True)  # unused rows stay done: they step along harmlessly on slot 0
+
+    @torch.inference_mode()
+    def decode(self, requests: list[T2SRequest]) -> list[DecodeResult]:
+        """Decode requests together; results in request order, with the eager path's semantics."""
+        if not 1 <= len(requests) <= self.engine.max_batch:
+            raise ValueError(f"got {len(requests)} requests; this decoder takes 1..{self.engine.max_batch}")
+        seeds = {r.params.seed for r in requests}
+        if len(seeds) > 1:
+            raise ValueError(
+                "rows of one batch share one RNG stream; give them the same seed or decode them separately"
+            )
+        self._reset()
+        n_rows = pick_bucket(len(requests), self.engine.row_buckets)
+        cache, state, buf = self.cache.narrow(n_rows), self.state.narrow(n_rows), self.buf.narrow(n_rows)
+        first = torch.zeros(n_rows, self.model.config.vocab_size, device=self.device)
+        first = first.to(self.model.ar_predict_layer.weight.dtype)
+        n_prompt_max, limit = 0, 0
+        for row, req in enumerate(requests):
+            first[row], n_prompt, row_limit = self._load_row(row, req)
+            n_prompt_max, limit = max(n_prompt_max, n_prompt), max(limit, row_limit)
+        gen = make_generator(requests[0].params.seed, self.device)
+        all_forced = all(r.params.force_n_tokens is not None for r in requests)
+        sample_step(self.model, state, first, buf, gen, drop_eos=True)
+        for n_steps in range(1, limit):
+            if n_steps % self.engine.stop_check_interval == 0 and bool(state.done.all()):
+                break  # the only host read of device state: once per stop_check_interval steps
+            n_slots = pick_bucket(n_prompt_max + n_steps, self.engine.buckets)
+            drop_eos = all_forced or n_steps < EOS_BLOCKED_STEPS  # rows start together: same phase
+            decode_step(self.model, cache, state, buf, gen, n_slots, drop_eos)
+        return [self._result(row) for row in range(len(requests))]
+
+    def _result(self, row: int) -> DecodeResult:
+        st = self.state
+        idx, out = int(st.stop_step[row]), st.out[row].cpu()
+        if bool(st.forced[row]):
+            tokens, reason = out[: idx + 1], StopReason.FORCED
+        elif bool(st.stop_eos[row]):
+            tokens, reason = out[:idx], StopReason.EOS
+        else:  # upstream keeps y[-idx:]: the last idx of the idx + 1 tokens drawn
+            tokens, reason = out[1 : idx + 1], StopReason.MAX_TOKENS
+        return DecodeResult(tokens.clone(), reason, idx + 1, torch.zeros(0))
