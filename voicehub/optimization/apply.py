@@ -38,7 +38,8 @@ Undo = Callable[[], None]
 @runtime_checkable
 class Transform(Protocol):
     """One reversible change: `validate()` raises if it cannot run (changing nothing);
-    `apply()` makes the change and returns the callable that undoes it."""
+    `apply()` makes the change and returns the callable that undoes it, or raises having
+    changed nothing (each transform is atomic; the policy rolls back the ones before it)."""
 
     name: str
     feature: str
