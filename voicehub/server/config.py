@@ -57,7 +57,7 @@ class ModelSpec:
     factory: str | None = None
     options: dict[str, Any] = field(default_factory=dict)  # family load options
     memory_mb: float = 0.0  # estimate used on the CPU; on CUDA the measured allocation is used
-    preload: bool = False
+    preload: bool = False  # the default voice's model is always preloaded
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class AppState:
             raise ConfigError(f"the default voice {config.default_voice!r} does not resolve: {exc}") from None
         metrics = Metrics()
         pool = ModelPool(loader or (lambda spec: load_model(spec, config.device)), limits.memory_budget_mb)
-        preload = [s for s in config.models.values() if s.preload]
+        preload = [s for n, s in config.models.items() if s.preload or n == config.default_voice]
         worker = Worker(pool, limits, metrics, preload, config.warmup_text)
         return cls(config, registry, catalog, metrics, pool, worker)
 
