@@ -31,8 +31,8 @@ def decode_windows(
     window: int,
     context: int,
     crossfade: int,
-) -> Iterator[np.ndarray]:
-    """Yield float32 audio pieces whose concatenation is the decode of z [1, C, T] (T * hop samples).
+) -> Iterator[tuple[np.ndarray, bool]]:
+    """Yield (float32 audio, is_last) pieces whose concatenation is the decode of z [1, C, T] (T * hop samples).
 
     decode: latent [1, C, t] -> audio [1, t * hop]. Each window is decoded with `context` frames
     either side; all but the last also decode `crossfade` frames past their end, which are
@@ -54,4 +54,4 @@ def decode_windows(
             piece[:fade_len] = tail * (1 - ramp) + piece[:fade_len] * ramp
         body_len = (end - start) * hop
         tail = None if is_last else piece[body_len:]
-        yield np.ascontiguousarray(piece[:body_len], dtype=np.float32)
+        yield np.ascontiguousarray(piece[:body_len], dtype=np.float32), is_last

@@ -201,15 +201,11 @@ class VitsModel(TTSModel):
             pieces = decode_windows(
                 lambda zz: net.decode(zz, g), z, hop, p.window_frames, p.context_frames, p.crossfade_frames
             )
-            piece = next(pieces)
-            for following in pieces:
-                yield self._chunk(piece, sentence, index, offset, False)
+            for piece, is_last_window in pieces:
+                if is_last_window and not is_last_sentence:
+                    piece = np.concatenate([piece, silence])
+                yield self._chunk(piece, sentence, index, offset, is_last_window and is_last_sentence)
                 index, offset = index + 1, offset + len(piece)
-                piece = following
-            if not is_last_sentence:
-                piece = np.concatenate([piece, silence])
-            yield self._chunk(piece, sentence, index, offset, is_last_sentence)
-            index, offset = index + 1, offset + len(piece)
 
     def _chunk(
         self, audio: np.ndarray, sentence: Sentence, index: int, offset: int, is_last: bool
