@@ -34,7 +34,11 @@ def test_tts_streams_f32_and_s16_pcm_equal_to_the_model(server):
     want = expected_audio(TEXT)
     r = httpx.post(f"{server}/tts", json={"text": TEXT})
     assert r.status_code == 200
-    assert (r.headers["x-sample-rate"], r.headers["x-channels"], r.headers["x-dtype"]) == ("22050", "1", "f32le")
+    assert (r.headers["x-sample-rate"], r.headers["x-channels"], r.headers["x-dtype"]) == (
+        "22050",
+        "1",
+        "f32le",
+    )
     np.testing.assert_array_equal(np.frombuffer(r.content, "<f4"), want)
     r = httpx.post(f"{server}/tts?format=s16le", json={"text": TEXT})
     assert r.headers["x-dtype"] == "s16le"
@@ -81,7 +85,13 @@ def test_openai_client_file_and_streamed_pcm(server):
 
 
 def test_openai_sse_events(server):
-    body = {"model": "sine", "voice": {"id": "sine"}, "input": TEXT, "response_format": "pcm", "stream_format": "sse"}
+    body = {
+        "model": "sine",
+        "voice": {"id": "sine"},
+        "input": TEXT,
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
     with httpx.stream("POST", f"{server}/v1/audio/speech", json=body) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
@@ -100,11 +110,20 @@ def test_openai_names_only_through_aliases(server):
 
 
 def test_openai_aac_is_refused_and_instructions_noted(server):
-    r = httpx.post(f"{server}/v1/audio/speech", json={"model": "sine", "voice": "sine", "input": "hi", "response_format": "aac"})
+    r = httpx.post(
+        f"{server}/v1/audio/speech",
+        json={"model": "sine", "voice": "sine", "input": "hi", "response_format": "aac"},
+    )
     assert r.status_code == 400 and "AAC" in r.json()["error"]["message"]
     r = httpx.post(
         f"{server}/v1/audio/speech",
-        json={"model": "sine", "voice": "sine", "input": "hi", "response_format": "flac", "instructions": "whisper"},
+        json={
+            "model": "sine",
+            "voice": "sine",
+            "input": "hi",
+            "response_format": "flac",
+            "instructions": "whisper",
+        },
     )
     assert r.status_code == 200 and "ignored" in r.headers["x-voicehub-note"]
 
