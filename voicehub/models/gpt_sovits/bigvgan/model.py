@@ -179,3 +179,13 @@ class BigVGAN(nn.Module):
                 xs = xs + self.resblocks[i * n_k + j](x)
             x = xs / n_k
         return x
+
+
+@torch.no_grad()
+def vocode(vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
+    """Log-mel [B, num_mels, T] (denormalised, as `decode_mel` returns) -> audio [B, T * hop_size].
+
+    Samples in [-1, 1] at `vocoder.conf.sampling_rate`; the mel is cast to the vocoder's dtype.
+    """
+    weight = vocoder.conv_pre.weight
+    return vocoder(mel.to(device=weight.device, dtype=weight.dtype))[:, 0]

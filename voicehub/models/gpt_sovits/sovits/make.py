@@ -119,7 +119,7 @@ def make_sovits_checkpoint(
         plain = "cfm." + name[len(LORA_PREFIX) :] if name.startswith(LORA_PREFIX) else name
         if ".lora_" in name:
             # Small random factors: B is nonzero (unlike peft's init) so merging changes the model.
-            weight[name] = (torch.randn(shape, generator=gen) * 0.02).half()
+            weight[name] = (torch.randn(shape, generator=gen) * 0.1).half()
         else:
             weight[name] = tensors[plain]
     hps = arch.to_hps()

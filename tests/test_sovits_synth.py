@@ -1,0 +1,106 @@
+"""Eager v3 acoustic path on tiny files: token-to-sample accounting, chunking, speed, determinism.
+
+The reference mel is injected (random log-mel values): this path takes the mel as an input, and
+voicehub/audio/mel.py computes it from audio in the pipeline.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder, vocode
+from voicehub.models.gpt_sovits.sovits import (
+    SAMPLES_PER_TOKEN,
+    decode_mel,
+    encode_reference,
+    load_sovits_v3,
+    make_sovits_checkpoint,
+)
+from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synth")
+    sovits = load_sovits_v3(make_sovits_checkpoint(d / "s2Gv3.pth", "tiny", seed=0))
+    vocoder = load_bigvgan(make_bigvgan_folder(d / "bigvgan", "tiny", seed=0))
+    return sovits, vocoder
+
+
+def _reference(model, n_tokens: int = 40):
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, model.arch.n_bins, (1, 1, n_tokens), generator=g)
+    phones = torch.randint(1, model.arch.n_symbols, (1, 18), generator=g)
+    spec = torch.rand(1, 1025, 60, generator=g)
+    mel = torch.randn(1, 100, int(n_tokens * 3.75) + 3, generator=g) - 6
+    return encode_reference(model, codes, phones, spec, mel)
+
+
+def _target(model, n_tokens: int, seed: int = 11):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, model.arch.n_bins, (1, 1, n_tokens), generator=g)
+    phones = torch.randint(1, model.arch.n_symbols, (1, 25), generator=g)
+    return codes, phones
+
+
+def test_n_tokens_give_n_times_960_samples(models):
+    sovits, vocoder = models
+    prompt = _reference(sovits)
+    for n in (4, 20, 48):  # multiples of 4: 3.75 mel frames per token is then whole
+        codes, phones = _target(sovits, n)
+        mel = decode_mel(
+            sovits, prompt, codes, phones, sample_steps=2, generator=torch.Generator().manual_seed(0)
+        )
+        audio = vocode(vocoder, mel)
+        assert audio.shape == (1, n * SAMPLES_PER_TOKEN)
+        assert torch.isfinite(audio).all() and audio.std() > 1e-4
+    # Otherwise the mel has floor(3.75 n) frames, as upstream's nearest interpolation gives.
+    codes, phones = _target(sovits, 21)
+    assert decode_mel(sovits, prompt, codes, phones, 1).shape == (1, 100, 78)
+
+
+def test_reference_prompt_is_trimmed_to_common_length(models):
+    sovits, _ = models
+    prompt = _reference(sovits, n_tokens=40)
+    assert prompt.fea.shape[2] == prompt.mel.shape[2] == 150  # floor(3.75 * 40) < mel frames
+    long = _reference(sovits, n_tokens=200)
+    assert long.mel.shape[2] == 468  # at most T_REF prompt frames
+
+
+def test_long_input_is_solved_in_chunks_and_joined(models, monkeypatch):
+    sovits, _ = models
+    prompt = _reference(sovits)
+    codes, phones = _target(sovits, 300)  # 1125 frames > T_CHUNK - 150
+    calls = []
+    import voicehub.models.gpt_sovits.sovits.synth as synth
+
+    real = synth.solve
+    monkeypatch.setattr(
+        synth,
+        "solve",
+        lambda est, mu, p, noise, n: calls.append((mu.shape[1], p.shape[2])) or real(est, mu, p, noise, n),
+    )
+    mel = decode_mel(sovits, prompt, codes, phones, 2, generator=torch.Generator().manual_seed(0))
+    assert mel.shape == (1, 100, 1125) and torch.isfinite(mel).all()
+    chunk = T_CHUNK - 150
+    # Each call sees prompt + chunk; the second chunk is prompted by the first one's last 150 frames.
+    assert calls == [(T_CHUNK, 150), (150 + 1125 - chunk, 150)]
+
+
+def test_speed_changes_length_as_upstream(models):
+    sovits, _ = models
+    prompt = _reference(sovits)
+    codes, phones = _target(sovits, 40)
+    for speed in (1.3, 0.8):
+        mel = decode_mel(sovits, prompt, codes, phones, 1, speed=speed)
+        assert mel.shape[2] == int((int(80 / speed) + 1) * 1.875)
+
+
+def test_same_seed_same_mel_and_other_seed_differs(models):
+    sovits, _ = models
+    prompt = _reference(sovits)
+    codes, phones = _target(sovits, 24)
+    run = lambda s: decode_mel(sovits, prompt, codes, phones, 4, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    assert torch.equal(run(1), run(1))
+    assert not torch.allclose(run(1), run(2))
