@@ -104,3 +104,30 @@ def test_same_seed_same_mel_and_other_seed_differs(models):
     run = lambda s: decode_mel(sovits, prompt, codes, phones, 4, generator=torch.Generator().manual_seed(s))  # noqa: E731
     assert torch.equal(run(1), run(1))
     assert not torch.allclose(run(1), run(2))
+
+
+def test_reference_from_audio_through_voicehub_spectrograms(models):
+    # The pipeline's reference features: 24 kHz log-mel for the prompt, 32 kHz linear spec for style.
+    from voicehub.audio.mel import V3_MEL, MelSpectrogram, linear_spectrogram
+
+    sovits, vocoder = models
+    seconds = 1.6
+    t24 = torch.arange(int(24000 * seconds)) / 24000
+    t32 = torch.arange(int(32000 * seconds)) / 32000
+    audio24 = 0.3 * torch.sin(2 * torch.pi * (180 + 90 * t24) * t24)
+    audio32 = 0.3 * torch.sin(2 * torch.pi * (180 + 90 * t32) * t32)
+    mel = MelSpectrogram(V3_MEL)(audio24)
+    spec = linear_spectrogram(audio32, 2048, 640, 2048)
+    n_ref = 40  # 1.6 s of 25 Hz tokens
+    g = torch.Generator().manual_seed(3)
+    prompt = encode_reference(
+        sovits,
+        torch.randint(0, sovits.arch.n_bins, (1, 1, n_ref), generator=g),
+        torch.randint(1, 700, (1, 12), generator=g),
+        spec,
+        mel,
+    )
+    assert prompt.mel.shape[2] == min(mel.shape[2], 150)
+    codes, phones = _target(sovits, 16)
+    audio = vocode(vocoder, decode_mel(sovits, prompt, codes, phones, 2))
+    assert audio.shape == (1, 16 * SAMPLES_PER_TOKEN) and torch.isfinite(audio).all()

@@ -13,23 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from voicehub.audio.mel import denorm_spec, norm_spec
 from voicehub.models.gpt_sovits.cfm.solver import solve
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
 
-SPEC_MIN, SPEC_MAX = -12.0, 2.0  # log-mel range mapped to [-1, 1] for the CFM
 T_REF = 468  # most reference frames kept as prompt (v3)
 T_CHUNK = 934  # prompt + generated frames per CFM call (v3)
 SAMPLES_PER_TOKEN = 960  # 24 kHz samples per 25 Hz semantic token at speed 1.0
-
-
-def norm_spec(mel: torch.Tensor) -> torch.Tensor:
-    """Log-mel -> the CFM's [-1, 1] range."""
-    return (mel - SPEC_MIN) / (SPEC_MAX - SPEC_MIN) * 2 - 1
-
-
-def denorm_spec(x: torch.Tensor) -> torch.Tensor:
-    """The CFM's range -> log-mel."""
-    return (x + 1) / 2 * (SPEC_MAX - SPEC_MIN) + SPEC_MIN
 
 
 @dataclass
@@ -52,9 +42,9 @@ def encode_reference(
     """Style, features and prompt mel of a reference.
 
     ref_codes: [1, 1, T] or [1, T] semantic tokens of the reference audio; ref_phones: [1, P];
-    ref_spec: [1, 1025, Ts] linear spectrogram at 32 kHz (n_fft 2048, hop 640, win 2048,
-    center False); ref_mel: [1, 100, Tm] log-mel at 24 kHz (n_fft 1024, hop 256, 100 bands,
-    center False), not normalised. Everything in the model's dtype and device.
+    ref_spec: [1, 1025, Ts] linear spectrogram at 32 kHz (`voicehub.audio.mel.linear_spectrogram`
+    with 2048 / 640 / 2048); ref_mel: [1, 100, Tm] log-mel at 24 kHz
+    (`voicehub.audio.mel.MelSpectrogram(V3_MEL)`), not normalised. Everything in the model's dtype and device.
     """
     ge = model.style(ref_spec)
     fea = model.decode_encp(_as_codes(ref_codes), ref_phones, ge)
