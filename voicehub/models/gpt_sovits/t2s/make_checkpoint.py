@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from voicehub.models.gpt_sovits.t2s.config import BERT_DIM, FULL_V3, TINY, T2SConfig
+from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.model import T2SModel, checkpoint_state_dict
 
 SIZES = {"tiny": TINY, "full": FULL_V3}
@@ -77,3 +78,26 @@ def random_prompt(
     bert = torch.from_numpy(rng.standard_normal((BERT_DIM, n_phones), dtype=np.float32))
     prompt = torch.from_numpy(rng.integers(0, config.eos, n_prompt_tokens))
     return phones, bert, prompt
+
+
+def logit_margins(
+    model: T2SModel,
+    phone_ids: torch.Tensor,
+    bert: torch.Tensor,
+    prompt_tokens: torch.Tensor,
+    n_tokens: int,
+    repetition_penalty: float = 1.0,
+) -> dict[str, float]:
+    """Greedy-decode n_tokens (EOS suppressed) and summarise the top-1 minus top-2 logit margins:
+    min, 10th percentile, median, the share under 0.01, and how many distinct tokens came out."""
+    params = T2SSamplingParams.greedy(force_n_tokens=n_tokens, repetition_penalty=repetition_penalty)
+    result = decode(model, phone_ids, bert, prompt_tokens, params)
+    m = result.margins
+    return {
+        "min": float(m.min()),
+        "p10": float(m.quantile(0.1)),
+        "median": float(m.median()),
+        "share_below_0.01": float((m < 0.01).float().mean()),
+        "distinct_tokens": len(set(result.tokens.tolist())),
+        "n_tokens": int(result.tokens.numel()),
+    }

@@ -1,0 +1,135 @@
+"""Eager reference decode: equal to upstream's own tokens, seeded, non-degenerate, forced length."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
+from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode
+from voicehub.models.gpt_sovits.t2s.make_checkpoint import logit_margins, make_t2s_checkpoint, random_prompt
+
+REFERENCE = json.loads(
+    (Path(__file__).parent / "data" / "upstream_keys" / "t2s_tiny_decode.json").read_text()
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    spec = REFERENCE["checkpoint"]
+    path = make_t2s_checkpoint(tmp_path_factory.mktemp("t2s") / "tiny.ckpt", spec["size"], spec["seed"])
+    model, config = load_t2s(path, dtype="float32")
+    return path, model, config
+
+
+def case_inputs(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, T2SSamplingParams]:
+    n = len(case["phone_ids"])
+    bert = np.random.default_rng(case["bert_seed"]).standard_normal((1024, n), dtype=np.float32)
+    p = case["params"]
+    params = T2SSamplingParams(
+        top_k=p["top_k"], top_p=p["top_p"], temperature=p["temperature"],
+        repetition_penalty=p["repetition_penalty"], max_new_tokens=p["early_stop_num"], seed=case["seed"],
+    )  # fmt: skip
+    return (
+        torch.tensor(case["phone_ids"]),
+        torch.from_numpy(bert),
+        torch.tensor(case["prompt_tokens"]),
+        params,
+    )
+
+
+def test_reference_was_made_from_these_weights(tiny):
+    """If make_t2s_checkpoint changes, the upstream tokens must be regenerated (command in the JSON)."""
+    weight = torch.load(tiny[0], weights_only=True)["weight"]
+    h = hashlib.sha256()
+    for k in sorted(weight):
+        h.update(k.encode())
+        h.update(weight[k].numpy().tobytes())
+    assert h.hexdigest() == REFERENCE["checkpoint"]["weights_sha256"], REFERENCE["command"]
+
+
+@pytest.mark.parametrize(
+    "case", REFERENCE["cases"], ids=lambda c: f"{c['stopped_by']}-k{c['params']['top_k']}"
+)
+def test_eager_decode_equals_upstream_tokens(tiny, case):
+    _, model, _ = tiny
+    phones, bert, prompt, params = case_inputs(case)
+    result = decode(model, phones, bert, prompt, params)
+    assert result.tokens.tolist() == case["tokens"]
+    assert result.stop_reason == (StopReason.EOS if case["stopped_by"] == "eos" else StopReason.MAX_TOKENS)
+    assert result.n_steps == case["idx"] + 1
+
+
+def test_cap_keeps_upstreams_last_tokens(tiny):
+    """Upstream draws early_stop_num + 1 tokens and keeps the last early_stop_num (y[:, -idx:])."""
+    _, model, config = tiny
+    phones, bert, prompt = random_prompt(config, 15, 12, seed=3)
+    capped = decode(model, phones, bert, prompt, T2SSamplingParams.greedy(max_new_tokens=30))
+    forced = decode(model, phones, bert, prompt, T2SSamplingParams.greedy(force_n_tokens=31))
+    assert capped.stop_reason == StopReason.MAX_TOKENS and capped.n_steps == 31
+    assert torch.equal(capped.tokens, forced.tokens[1:])
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(tiny):
+    _, model, config = tiny
+    phones, bert, prompt = random_prompt(config, 20, 25, seed=1)
+    run = lambda seed: decode(model, phones, bert, prompt, T2SSamplingParams(seed=seed, force_n_tokens=40))  # noqa: E731
+    assert torch.equal(run(4).tokens, run(4).tokens)
+    assert not torch.equal(run(4).tokens, run(5).tokens)
+
+
+def test_force_n_tokens_suppresses_eos(tiny):
+    """The upstream case that ends on EOS runs on to exactly N tokens when forced, never emitting EOS."""
+    _, model, config = tiny
+    case = next(c for c in REFERENCE["cases"] if c["stopped_by"] == "eos")
+    phones, bert, prompt, params = case_inputs(case)
+    n = len(case["tokens"]) + 20
+    forced = T2SSamplingParams(**{**params.__dict__, "force_n_tokens": n, "max_new_tokens": None})
+    result = decode(model, phones, bert, prompt, forced)
+    assert result.stop_reason == StopReason.FORCED
+    assert result.tokens.numel() == n
+    assert int(result.tokens.max()) < config.eos
+    # both runs drop EOS from the first 11 draws, so those draws (and tokens) are the same
+    assert result.tokens[:11].tolist() == case["tokens"][:11]
+
+
+def test_tiny_checkpoint_is_not_degenerate(tiny):
+    _, model, config = tiny
+    for seed in range(3):
+        phones, bert, prompt = random_prompt(config, 25, 30, seed)
+        plain = logit_margins(model, phones, bert, prompt, 120)
+        penalized = logit_margins(model, phones, bert, prompt, 120, repetition_penalty=1.35)
+        assert plain["distinct_tokens"] >= 20, plain  # greedy, no penalty: the model itself varies
+        assert penalized["distinct_tokens"] >= 90, penalized
+        assert plain["median"] > 0.3 and plain["share_below_0.01"] < 0.05, plain
+
+
+def test_empty_prompt_decodes(tiny):
+    _, model, config = tiny
+    phones, bert, _ = random_prompt(config, 10, 0, seed=2)
+    result = decode(
+        model, phones, bert, torch.zeros(0, dtype=torch.long), T2SSamplingParams.greedy(force_n_tokens=5)
+    )
+    assert result.tokens.numel() == 5
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"force_n_tokens": 0}, "force_n_tokens"),
+    ],
+)
+def test_invalid_params_raise(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        T2SSamplingParams(**kwargs)
