@@ -1,6 +1,6 @@
 """SoVITS v3 (`SynthesizerTrnV3`): checkpoint loading and the eager acoustic reference path."""
 
-from voicehub.models.gpt_sovits.sovits.checkpoint import load_sovits_v3, read_sovits_file
+from voicehub.models.gpt_sovits.sovits.checkpoint import BASE_FILE, load_sovits_v3, read_sovits_file
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.make import make_sovits_checkpoint
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
@@ -14,6 +14,7 @@ from voicehub.models.gpt_sovits.sovits.synth import (
 )
 
 __all__ = [
+    "BASE_FILE",
     "SAMPLES_PER_TOKEN",
     "ReferencePrompt",
     "SoVITSV3Arch",

@@ -43,6 +43,7 @@ PRETRAINED_MD5 = {  # md5 of the first 8192 bytes of upstream's pretrained SoVIT
     "c7e9fce2223f3db685cdfa1e6368728a": "v2Pro",  # s2Gv2Pro.pth
     "66b313e39455b57ab1b0bc0b239c9d0a": "v2ProPlus",  # s2Gv2ProPlus.pth
 }
+BASE_FILE = "s2Gv3.pth"  # the v3 base in GPT_SoVITS/pretrained_models, needed by LoRA files
 LORA_PREFIX = "cfm.base_model.model."  # peft's wrapping of `cfm` during LoRA training
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 _LORA_KEY = re.compile(r"(.+)\.lora_([AB])\.default\.weight")
