@@ -52,7 +52,7 @@ async def _voice_form(request: Request, state: AppState) -> tuple[dict[str, Any]
         if "params" in fields:
             try:
                 fields["params"] = json.loads(fields["params"])
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise BadRequestError("the 'params' field must be a JSON object") from None
     else:
         fields = await read_json_body(request, allow_query=False)

@@ -208,7 +208,7 @@ async def _receive(ws: WebSocket, timeout: float) -> dict[str, Any] | None:
         raise BadRequestError(f"send JSON text messages of at most {MAX_MESSAGE_CHARS:,} characters")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise BadRequestError(
             'a message is not valid JSON; send objects like {"type": "input.text", "text": "..."}'
         ) from None

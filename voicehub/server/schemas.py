@@ -51,7 +51,7 @@ class SpeechRequest(BaseModel):
     input: str = Field(min_length=1)
     voice: str | VoiceRef
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED)
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, strict=True)  # JSON only: no "1" or true
     instructions: str | None = Field(default=None, max_length=4096)
     stream_format: Literal["audio", "sse"] = "audio"
 
@@ -87,15 +87,24 @@ class ValidationFailed(ServerError):
     status, code = 422, "invalid_request"
 
 
+def parse_json(raw: bytes | str) -> Any:
+    """JSON from UTF-8 bytes (RFC 8259); anything else, or nesting too deep to parse, is a 400."""
+    try:
+        return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except UnicodeDecodeError:
+        raise BadRequestError("the body is not UTF-8 text; send a JSON object encoded as UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequestError(f"the body is not valid JSON ({exc}); send a JSON object") from None
+    except RecursionError:
+        raise BadRequestError("the JSON is nested too deeply; send a flat JSON object") from None
+
+
 async def read_json_body(request: Request, *, allow_query: bool) -> dict[str, Any]:
     """The JSON object in the body, with query parameters filling fields the body leaves out."""
     raw = await request.body()
     data: dict[str, Any] = {}
     if raw.strip():
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequestError(f"the body is not valid JSON ({exc}); send a JSON object") from None
+        data = parse_json(raw)
         if not isinstance(data, dict):
             raise BadRequestError(f"the body must be a JSON object, not a {type(data).__name__}")
     if allow_query:
