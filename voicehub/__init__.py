@@ -9,6 +9,11 @@ from voicehub.errors import (
     VoiceHubError,
 )
 from voicehub.hub import AutoModelForTextToSpeech
+from voicehub.optimization import (
+    TTSOptimizationConfig,
+    get_tts_optimization_support,
+    list_tts_optimization_support,
+)
 from voicehub.types import AudioChunk, TTSOutput
 
 __version__ = "0.1.0"
@@ -21,6 +26,9 @@ __all__ = [
     "InvalidTextError",
     "MissingDependencyError",
     "ModelNotFoundError",
+    "TTSOptimizationConfig",
     "TTSOutput",
     "VoiceHubError",
+    "get_tts_optimization_support",
+    "list_tts_optimization_support",
 ]

@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from voicehub.bench import cli_commands as bench_commands
 from voicehub.errors import VoiceHubError
 
 EXIT_ERROR = 2
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(talk)
 
     sub.add_parser("models", help="list model families and installed voices")
+    bench_commands.add_parsers(sub)
     return parser
 
 
@@ -174,6 +176,8 @@ COMMANDS = {"say": cmd_say, "talk": cmd_talk, "models": cmd_models}
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command in bench_commands.COMMANDS:
+            return bench_commands.run(args)
         COMMANDS[args.command](args)
     except (VoiceHubError, ValueError, OSError) as exc:
         print(f"voicehub: error: {exc}", file=sys.stderr)

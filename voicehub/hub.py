@@ -7,6 +7,7 @@ from typing import Any
 
 from voicehub.models.base import TTSModel
 from voicehub.models.registry import find_family, get_family
+from voicehub.optimization.mixin import apply_load_time_config
 
 DEFAULT_MODEL = "en_US-joe-medium"  # the embedded Piper voice, installed with the package
 
@@ -32,13 +33,9 @@ class AutoModelForTextToSpeech:
 
         model_type: a registered family ('vits', ...); inferred from the files when omitted.
         lazy_load: read the configuration now and the weights on first use.
+        optimization_config: a TTSOptimizationConfig applied once the weights are loaded.
         kwargs: family-specific load options (for example GPT-SoVITS checkpoint paths).
         """
-        if optimization_config is not None:
-            raise NotImplementedError(
-                "optimization_config is not available yet: the optimization layer is still being built; "
-                "load without it"
-            )
         if name_or_path is None and not kwargs:
             name_or_path = DEFAULT_MODEL
         if model_type is not None:
@@ -48,4 +45,7 @@ class AutoModelForTextToSpeech:
                 path = family.resolve(str(name_or_path)) or path
         else:
             family, path = find_family(name_or_path)
-        return family.load(path, device=device, dtype=dtype, lazy_load=lazy_load, **kwargs)
+        model = family.load(path, device=device, dtype=dtype, lazy_load=lazy_load, **kwargs)
+        # None: nothing to do; with lazy_load the policy is applied when the weights load.
+        apply_load_time_config(model, optimization_config)
+        return model

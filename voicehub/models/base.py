@@ -10,14 +10,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from voicehub.optimization.mixin import OptimizableModelMixin
 from voicehub.types import AudioChunk, TTSOutput
 
 
-class TTSModel(ABC):
+class TTSModel(OptimizableModelMixin, ABC):
     """A loaded text-to-speech model.
 
     `stream` yields `AudioChunk`s as audio is made; `generate` returns the whole utterance.
-    Families override `generate` when a one-shot path differs from joining the stream.
+    Families override `generate` when a one-shot path differs from joining the stream, and
+    `optimization_targets()` to offer reversible optimizations (see voicehub.optimization).
     """
 
     model_type: ClassVar[str]
