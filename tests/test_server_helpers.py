@@ -58,7 +58,7 @@ def running_server(config: ServerConfig, model: SineModel | None = None) -> Iter
     try:
         yield f"http://127.0.0.1:{port}", app
     finally:
-        if model.gate is not None:
+        if getattr(model, "gate", None) is not None:
             model.gate.set()
         server.should_exit = True
         thread.join(10)
