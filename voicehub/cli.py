@@ -16,6 +16,7 @@ from typing import Any
 
 from voicehub.bench import cli_commands as bench_commands
 from voicehub.errors import VoiceHubError
+from voicehub.server import cli_commands as server_commands
 
 EXIT_ERROR = 2
 PROGRESS_MIN_SENTENCES = 4  # a progress bar only for texts longer than a few sentences
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list model families and installed voices")
     bench_commands.add_parsers(sub)
+    server_commands.add_parsers(sub)
     return parser
 
 
@@ -178,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in bench_commands.COMMANDS:
             return bench_commands.run(args)
+        if args.command in ("serve", "voices"):
+            server_commands.run(args)
+            return 0
         COMMANDS[args.command](args)
     except (VoiceHubError, ValueError, OSError) as exc:
         print(f"voicehub: error: {exc}", file=sys.stderr)
