@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from voicehub.errors import MissingDependencyError
+from voicehub.errors import MissingDependencyError, ModelNotFoundError
 from voicehub.text import TextFrontend, TextSegment
-from voicehub.text.frontend import LanguageNotSupportedError
 
 UPSTREAM = json.loads((Path(__file__).parent / "data/text/upstream_frontend.json").read_text("utf-8"))
 NEEDS = {
@@ -102,9 +101,10 @@ def test_punctuation_only_pieces_are_dropped_by_cut(frontend):
     assert frontend.cut("今天。……！明天见。", "cut5") == ["今天。明天见。"]
 
 
-def test_unsupported_languages_say_so(frontend):
-    with pytest.raises(LanguageNotSupportedError, match="g2pw_model_dir"):
-        TextFrontend(g2pw_model_dir="/some/GPT_SoVITS/text/G2PWModel")
+def test_g2pw_folder_is_checked_up_front():
+    # The G2PW reader itself is tested in test_text_g2pw.py.
+    with pytest.raises(ModelNotFoundError, match="G2PWModel"):
+        TextFrontend(g2pw_model_dir="/some/GPT_SoVITS/text/G2PWModel", bert_dir="/some/bert")
 
 
 def test_missing_package_names_the_extra(frontend, monkeypatch):

@@ -59,20 +59,23 @@ class TextSegment:
 class TextFrontend:
     """GPT-SoVITS v3 text frontend.
 
-    g2pw_model_dir: a GPT-SoVITS `GPT_SoVITS/text/G2PWModel` folder for G2PW polyphones. The G2PW
-    reader is not built yet, so giving one raises; Chinese polyphones come from pypinyin
-    (upstream's own non-G2PW branch). `polyphone_source` says which is in use.
+    g2pw_model_dir: a GPT-SoVITS `GPT_SoVITS/text/G2PWModel` folder: Chinese polyphones are then read
+    by its ONNX model with upstream's correction dictionary, as upstream's default; without it they come
+    from pypinyin (upstream's non-G2PW branch). `polyphone_source` says which is in use.
     bert_dir: the chinese-roberta-wwm-ext-large folder whose tokenizer G2PW reads (G2PW only).
     """
 
     def __init__(self, g2pw_model_dir: str | Path | None = None, bert_dir: str | Path | None = None):
-        if g2pw_model_dir is not None:
-            # Refuse up front rather than say "g2pw" and read with pypinyin.
-            raise LanguageNotSupportedError(
-                f"G2PW polyphone reading (g2pw_model_dir={str(g2pw_model_dir)!r}) is not built yet; "
-                "leave g2pw_model_dir unset to read Chinese polyphones with pypinyin"
-            )
         self._g2pw_dir = None
+        if g2pw_model_dir is not None:
+            if bert_dir is None:
+                raise ValueError(
+                    "g2pw_model_dir needs bert_dir too: the chinese-roberta-wwm-ext-large folder "
+                    "(GPT_SoVITS/pretrained_models/chinese-roberta-wwm-ext-large) whose tokenizer G2PW reads"
+                )
+            from voicehub.text.zh.g2pw import find_g2pw_files
+
+            self._g2pw_dir, _ = find_g2pw_files(g2pw_model_dir)  # a missing file is named here, not later
         self._bert_dir = Path(bert_dir) if bert_dir else None
         self._strategies: dict[str, G2P] = {}  # built on first use, per frontend
 
@@ -111,6 +114,11 @@ class TextFrontend:
         module_name, class_name, extra = _STRATEGIES[language]
         try:
             module = importlib.import_module(module_name)
+            if language == "zh" and self._g2pw_dir is not None:
+                from voicehub.text.zh.g2pw import G2PWReader, polyphone_corrections
+
+                reader = G2PWReader(self._g2pw_dir, self._bert_dir)
+                return module.ChineseG2P(polyphone_model=reader, corrections=polyphone_corrections())
             return getattr(module, class_name)()
         except ModuleNotFoundError as exc:
             if exc.name and exc.name.startswith("voicehub"):
