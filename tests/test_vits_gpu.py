@@ -30,7 +30,7 @@ def voices():
 
 
 def _run(model, ids: list[int]) -> np.ndarray:
-    with torch.inference_mode():
+    with torch.inference_mode(), model.precision():
         out = model.network(torch.tensor([ids], device=model.device), (0.0, 1.0, 0.0))
     return out[0].float().cpu().numpy()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +98,23 @@ class VitsModel(TTSModel):
                 f"{where} disagree: num_speakers {v.num_speakers} vs {arch.n_speakers} in the weights"
             )
 
+    @contextlib.contextmanager
+    def precision(self) -> Iterator[None]:
+        """Within it, fp32 on CUDA is IEEE fp32: TF32 convolutions and matmuls are off, restored after.
+
+        cuDNN convolutions default to TF32, whose rounding moves duration ceilings by a frame and
+        samples by ~1e-2 against the CPU; speed-ups of that kind belong to the optimization layer.
+        """
+        if self.device.type != "cuda" or self.dtype != torch.float32:
+            yield
+            return
+        saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
     def phonemize(self, text: str) -> Iterator[Sentence]:
         """Sentences of the text with their phonemes (espeak-ng; see phonemes.py)."""
         if self._phonemizer is None:
@@ -171,8 +189,9 @@ class VitsModel(TTSModel):
         silence = np.zeros(round(p.sentence_silence * self.sample_rate), np.float32)
         pieces: list[np.ndarray] = []
         for sentence, is_last in self._sentences(text):
-            z = self._latent(sentence, p, g, gen)
-            pieces.append(net.decode(z, g)[0].float().cpu().numpy())
+            with self.precision():
+                z = self._latent(sentence, p, g, gen)
+                pieces.append(net.decode(z, g)[0].float().cpu().numpy())
             if not is_last:
                 pieces.append(silence)
         return TTSOutput(
@@ -197,15 +216,20 @@ class VitsModel(TTSModel):
         silence = np.zeros(round(p.sentence_silence * self.sample_rate), np.float32)
         index, offset = 0, 0
         for sentence, is_last_sentence in self._sentences(text):
-            z = self._latent(sentence, p, g, gen)
+            with self.precision():
+                z = self._latent(sentence, p, g, gen)
             pieces = decode_windows(
-                lambda zz: net.decode(zz, g), z, hop, p.window_frames, p.context_frames, p.crossfade_frames
+                lambda zz: self._decode(zz, g), z, hop, p.window_frames, p.context_frames, p.crossfade_frames
             )
             for piece, is_last_window in pieces:
                 if is_last_window and not is_last_sentence:
                     piece = np.concatenate([piece, silence])
                 yield self._chunk(piece, sentence, index, offset, is_last_window and is_last_sentence)
                 index, offset = index + 1, offset + len(piece)
+
+    def _decode(self, z: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+        with self.precision():  # not held across a yield: the caller's code runs between chunks
+            return self.network.decode(z, g)
 
     def _chunk(
         self, audio: np.ndarray, sentence: Sentence, index: int, offset: int, is_last: bool
