@@ -1,0 +1,167 @@
+"""Which implementation serves which named op on which backend, as data.
+
+An op is a name and a tensor signature (stated in the op's reference module). The table below maps
+each op to its implementations per backend as "module:function" strings, imported only when asked
+for, so importing this module imports no Triton. The registry holds no selection: a model asks for
+a function once (`get`) and keeps it on its own instance, as `BigVGAN.set_activation_kernel` does;
+two models never share a choice. Backend names match the optimization layer's kernel backends
+(`native`, the model's own code, is not a kernel backend: the model simply calls no op).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Callable
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from voicehub.errors import MissingDependencyError, VoiceHubError
+
+
+class Backend(StrEnum):
+    TORCH = "torch"  # portable PyTorch formulations, any device
+    TRITON = "triton"  # Triton kernels: CUDA, or the CPU under TRITON_INTERPRET=1 (tests)
+    CUDA_EXTENSION = "cuda_extension"  # compiled CUDA extensions: none shipped yet
+
+
+ANTI_ALIAS_SNAKE = "anti_alias_snake"  # f(x, up_filter, down_filter, alpha, beta, logscale) -> y
+ADD_LAYER_NORM = "add_layer_norm"  # f(x, residual, weight, bias, eps) -> LayerNorm(x + residual)
+DECODE_ATTENTION = "decode_attention"  # f(q, k, v, n_valid, scale) -> out
+
+
+class KernelUnavailableError(VoiceHubError, RuntimeError):
+    """A kernel backend cannot run here (no GPU, old GPU, Triton missing); the message says why."""
+
+
+_PKG = "voicehub.runtime.kernels"
+_IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = MappingProxyType(
+    {
+        ANTI_ALIAS_SNAKE: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.anti_alias_snake:anti_alias_snake_polyphase",
+                Backend.TRITON: f"{_PKG}.anti_alias_snake_triton:anti_alias_snake_triton",
+            }
+        ),
+        ADD_LAYER_NORM: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.add_layer_norm:add_layer_norm_reference",
+                Backend.TRITON: f"{_PKG}.add_layer_norm_triton:add_layer_norm_triton",
+            }
+        ),
+        DECODE_ATTENTION: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.decode_attention:decode_attention_reference",
+                Backend.TRITON: f"{_PKG}.decode_attention_triton:decode_attention_triton",
+            }
+        ),
+    }
+)
+# The definition of each op, against which every backend is tested.
+_REFERENCES = MappingProxyType(
+    {
+        ANTI_ALIAS_SNAKE: f"{_PKG}.anti_alias_snake:anti_alias_snake_reference",
+        ADD_LAYER_NORM: f"{_PKG}.add_layer_norm:add_layer_norm_reference",
+        DECODE_ATTENTION: f"{_PKG}.decode_attention:decode_attention_reference",
+    }
+)
+MIN_TRITON = (3, 2)  # tl.gather, used by the anti-aliased Snake kernel
+MIN_CUDA_CAPABILITY = (7, 5)  # Triton 3's oldest supported NVIDIA architecture
+
+
+def ops() -> tuple[str, ...]:
+    """Every registered op name."""
+    return tuple(_IMPLEMENTATIONS)
+
+
+def backends(op: str) -> tuple[Backend, ...]:
+    """The backends with an implementation of `op`."""
+    return tuple(_table(op))
+
+
+def _table(op: str) -> MappingProxyType[Backend, str]:
+    if op not in _IMPLEMENTATIONS:
+        raise ValueError(f"unknown kernel op {op!r}; registered ops: {', '.join(_IMPLEMENTATIONS)}")
+    return _IMPLEMENTATIONS[op]
+
+
+def _backend(backend: str | Backend) -> Backend:
+    try:
+        return Backend(backend)
+    except ValueError:
+        valid = ", ".join(b.value for b in Backend)
+        raise ValueError(f"unknown kernel backend {backend!r}; valid backends: {valid}") from None
+
+
+def _triton_unmet(device: torch.device) -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton)"
+    version = importlib.metadata.version("triton")
+    parsed = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parsed < MIN_TRITON:
+        return f"triton {version} is older than {'.'.join(map(str, MIN_TRITON))}, which these kernels need"
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None  # the interpreter runs kernels on CPU tensors (slowly: for tests)
+        return "Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for testing on the CPU)"
+    if device.type != "cuda":
+        return f"Triton kernels need a CUDA device, not {device.type}"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA GPU"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CUDA_CAPABILITY:
+        need = "sm_{}{}".format(*MIN_CUDA_CAPABILITY)
+        return f"this GPU is sm_{capability[0]}{capability[1]}; Triton needs {need} or newer"
+    return None
+
+
+def available(op: str, backend: str | Backend, device: torch.device | str) -> str | None:
+    """None when `backend` can run `op` on `device`, else the reason it cannot.
+
+    Unknown op or backend names raise ValueError (they are mistakes, not conditions). Checks
+    installation, version and device without importing the kernel module or Triton."""
+    table, chosen = _table(op), _backend(backend)
+    if chosen not in table:
+        have = ", ".join(b.value for b in table)
+        return f"no {chosen.value} implementation of {op}; it has: {have}"
+    if chosen is Backend.TRITON:
+        return _triton_unmet(torch.device(device))
+    return None
+
+
+def _load(target: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MissingDependencyError(f"kernel module {module_name} cannot be imported: {exc}") from exc
+    return getattr(module, attr)
+
+
+def get(op: str, backend: str | Backend) -> Callable[..., Any]:
+    """The implementation of `op` on `backend` (imports its module now). Check `available` first:
+    this only raises when the backend has no implementation or its module cannot be imported."""
+    table, chosen = _table(op), _backend(backend)
+    if chosen not in table:
+        have = ", ".join(b.value for b in table)
+        raise ValueError(f"no {chosen.value} implementation of {op}; it has: {have}")
+    return _load(table[chosen])
+
+
+def reference(op: str) -> Callable[..., Any]:
+    """The op's definition in plain PyTorch, the function every backend is tested against."""
+    _table(op)
+    return _load(_REFERENCES[op])
+
+
+def resolve(op: str, backend: str | Backend, device: torch.device | str) -> Callable[..., Any]:
+    """`get` after `available`: the implementation, or KernelUnavailableError naming the reason."""
+    reason = available(op, backend, device)
+    if reason is not None:
+        raise KernelUnavailableError(f"kernel {op} on {_backend(backend).value}: {reason}")
+    return get(op, backend)
