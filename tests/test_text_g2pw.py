@@ -4,10 +4,13 @@ The test model has g2pW.onnx's inputs and output (input_ids, token_type_ids, att
 phoneme_mask: [N, labels]; char_ids, position_ids: [N] -> probs [N, labels]) and, like g2pW, zeroes
 labels outside phoneme_mask. Its logits are a character bias + a position bias + the sum of the
 sentence's token rows, so tests can steer a choice through each input and recompute it in numpy.
+tests/data/text/upstream_g2pw_tiny.json holds upstream's own chinese2 output (G2PW branch) on this same
+tiny model and tokenizer (commit and command inside the file).
 """
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,15 +48,20 @@ def _vocab():
     return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *dict.fromkeys(VOCAB_CHARS)]
 
 
-def _weights(seed=0):
-    rng = np.random.default_rng(seed)
+def _grid(rows, cols, a, b, c):
+    # small deterministic weights (a formula, not an RNG stream, so any numpy rebuilds the same model)
+    r, k = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    return (0.05 * np.sin(a * r + b * k + c)).astype(np.float32)
+
+
+def _weights():
     vocab = _vocab()
     n_labels = len(LABELS)
     w = {
-        "E": rng.normal(0, 0.05, (len(vocab), n_labels)).astype(np.float32),
-        "TT": rng.normal(0, 0.05, (2, n_labels)).astype(np.float32),
-        "C": rng.normal(0, 0.05, (len(CHARS), n_labels)).astype(np.float32),
-        "P": rng.normal(0, 0.05, (512, n_labels)).astype(np.float32),
+        "E": _grid(len(vocab), n_labels, 0.9, 1.7, 0.3),
+        "TT": _grid(2, n_labels, 1.1, 0.4, 0.9),
+        "C": _grid(len(CHARS), n_labels, 2.1, 0.5, 0.1),
+        "P": _grid(512, n_labels, 0.37, 1.1, 0.6),
     }
     w["C"][CHARS.index("行"), LABELS.index("ㄏㄤ2")] += 1.0  # 行 alone: hang2
     w["C"][CHARS.index("行"), LABELS.index("ㄓㄨㄥ4")] += 2 * STRONG  # but its best label is not allowed
@@ -106,13 +114,12 @@ def _model_bytes(w):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def write_tiny_g2pw(root):
+    """A G2PWModel folder with the tiny model and a tokenizer folder for it, under `root`."""
     from tokenizers import BertWordPieceTokenizer
 
-    root = tmp_path_factory.mktemp("g2pw")
     bert = root / "chinese-roberta-wwm-ext-large"
-    bert.mkdir()
+    bert.mkdir(parents=True)
     (bert / "vocab.txt").write_text("\n".join(_vocab()) + "\n", encoding="utf-8")
     BertWordPieceTokenizer(str(bert / "vocab.txt"), lowercase=True).save(str(bert / "tokenizer.json"))
     (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
@@ -125,6 +132,16 @@ def folders(tmp_path_factory):
     (model / "bopomofo_to_pinyin_wo_tune_dict.json").write_text(json.dumps(BOPOMOFO, ensure_ascii=False))
     (model / "char_bopomofo_dict.json").write_text("{}")
     return model, bert
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return write_tiny_g2pw(tmp_path_factory.mktemp("g2pw"))
+
+
+@pytest.fixture(scope="module")
+def g2pw_frontend(folders):
+    return TextFrontend(g2pw_model_dir=folders[0], bert_dir=folders[1])
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +257,16 @@ def test_words_and_long_texts_map_to_the_right_token(reader):
     assert inputs["char_ids"].tolist() == [CHARS.index("行")]
     allowed = [LABELS.index(p) for c, p in POLYPHONIC if c == "行"]
     assert np.flatnonzero(inputs["phoneme_mask"][0]).tolist() == sorted(allowed)
+
+
+UPSTREAM = json.loads((Path(__file__).parent / "data/text/upstream_g2pw_tiny.json").read_text("utf-8"))
+
+
+@pytest.mark.parametrize("case", UPSTREAM["cases"], ids=lambda c: c["text"][:10])
+def test_matches_upstream_g2pw_branch_on_the_tiny_model(g2pw_frontend, case):
+    """Upstream chinese2 (G2PW on, same tiny model and tokenizer): corrections, dedup, context crop."""
+    pytest.importorskip("jieba")
+    g2p = g2pw_frontend.g2p("zh")
+    norm = g2p.normalize(case["text"])
+    assert norm == case["norm_text"]
+    assert g2p.g2p(norm) == (case["phones"], case["word2ph"])
