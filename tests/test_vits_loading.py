@@ -238,3 +238,12 @@ def test_ckpt_unexpected_and_misshaped_tensors(tmp_path, tiny_net):
         CheckpointError, match=r"unexpected: dec\.extra\.weight.*mis-shaped: dec\.conv_pre\.bias"
     ):
         load_strict(VitsSynthesizer(TINY), state, tmp_path / "x.ckpt")
+
+
+def test_hub_loads_the_embedded_voice_by_name_and_path(joe_files):
+    from voicehub import AutoModelForTextToSpeech
+
+    by_name = AutoModelForTextToSpeech.from_pretrained("en_US-joe-medium", lazy_load=True)
+    by_path = AutoModelForTextToSpeech.from_pretrained(joe_files[0], model_type="vits", lazy_load=True)
+    assert by_name.model_type == by_path.model_type == "vits"
+    assert by_name.files == by_path.files and by_name.sample_rate == 22050
