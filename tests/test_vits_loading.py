@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -139,7 +140,9 @@ def test_unknown_load_option_and_device():
         load(Path("/no/such/voice.onnx"))
 
 
-def _piper_ckpt(tmp_path: Path, net: VitsSynthesizer, drop: str | None = None) -> Path:
+def _piper_ckpt(
+    tmp_path: Path, net: VitsSynthesizer, drop: str | None = None, hparams: dict | None = None
+) -> Path:
     """Save `net` the way Piper's Lightning training does: model_g. prefix, weight norm, extra modules."""
     state: dict[str, torch.Tensor] = {}
     for key, value in net.state_dict().items():
@@ -156,7 +159,7 @@ def _piper_ckpt(tmp_path: Path, net: VitsSynthesizer, drop: str | None = None) -
     state["model_d.discriminators.0.convs.0.weight_v"] = torch.zeros(2, 2)
     if drop:
         state.pop(f"model_g.{drop}")
-    hparams = {
+    hparams = hparams or {
         "upsample_rates": list(TINY.upsample_rates),
         "resblock_dilation_sizes": str(TINY.resblock_dilation_sizes),
     }
@@ -205,6 +208,35 @@ def test_ckpt_loads_strictly_with_weight_norm_folded(tmp_path, tiny_net):
         ref = tiny_net(ids, (0.0, 1.0, 0.0), sid=torch.tensor([1]))
     assert ours.shape == ref.shape
     assert torch.allclose(ours, ref, atol=1e-5)
+
+
+def test_ckpt_plain_duration_predictor_and_resblock_2(tmp_path):
+    """The other VITS variants: deterministic duration predictor, resblock "2", one speaker."""
+    arch = replace(
+        TINY,
+        use_sdp=False,
+        dp_filter_channels=12,
+        resblock="2",
+        resblock_dilation_sizes=((1, 2), (2, 6)),
+        n_speakers=1,
+        gin_channels=0,
+    )
+    torch.manual_seed(1)
+    net = VitsSynthesizer(arch).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.2)
+    path = _piper_ckpt(
+        tmp_path, net, hparams={"upsample_rates": [4, 4], "resblock_dilation_sizes": [[1, 2], [2, 6]]}
+    )
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(num_speakers=1, speaker_id_map={})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load(path, lazy_load=True)
+    assert model.architecture == arch
+    ids = torch.tensor([[1, 0, 20, 0, 14, 0, 2]])
+    with torch.inference_mode():
+        assert torch.allclose(model.network(ids, (0.0, 1.0, 0.0)), net(ids, (0.0, 1.0, 0.0)), atol=1e-5)
 
 
 def test_ckpt_speakers(tmp_path, tiny_net):
