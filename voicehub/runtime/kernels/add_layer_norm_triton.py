@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.add_layer_norm import check_args
+from voicehub.runtime.kernels.outputs import check_out
 
 
 @triton.jit
@@ -28,13 +29,21 @@ def _add_layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, dim, eps, BLOCK: t
 
 
 def add_layer_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The `triton` backend: [..., D] -> [..., D] in x's dtype, float32 statistics."""
+    """The `triton` backend: [..., D] -> [..., D] in x's dtype, float32 statistics.
+
+    out: an optional contiguous tensor shaped like x, of x's dtype, to write into."""
     check_args(x, residual, weight, bias)
     dim = x.shape[-1]
     x2, r2 = x.reshape(-1, dim).contiguous(), residual.reshape(-1, dim).contiguous()
-    y = torch.empty_like(x2)
+    y = torch.empty_like(x2) if out is None else check_out(out, x.shape, x.dtype).view(x2.shape)
     if x2.numel() == 0:
         return y.view(x.shape)
     block = triton.next_power_of_2(dim)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.anti_alias_snake import SNAKE_EPS, check_args
+from voicehub.runtime.kernels.outputs import check_out
 
 TILE_HALO = 4  # phase samples kept either side of a tile: the down filter reaches 3 left, 3 right
 MAX_BLOCK = 1024  # phase samples per program
@@ -93,12 +94,16 @@ def anti_alias_snake_triton(
     alpha: torch.Tensor,
     beta: torch.Tensor,
     logscale: bool,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The `triton` backend: x [B, C, T] -> [B, C, T] in x's dtype (float32 arithmetic inside)."""
+    """The `triton` backend: x [B, C, T] -> [B, C, T] in x's dtype (float32 arithmetic inside).
+
+    out: an optional contiguous [B, C, T] tensor of x's dtype to write into (a static buffer)."""
     check_args(x, up_filter, down_filter, alpha)
     batch, channels, length = x.shape
     x = x.contiguous()
-    y = torch.empty_like(x)
+    y = torch.empty_like(x) if out is None else check_out(out, x.shape, x.dtype)
     if x.numel() == 0:
         return y
     block = _block_for(length)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.decode_attention import check_args
+from voicehub.runtime.kernels.outputs import check_out
 
 TARGET_PROGRAMS = 2048  # split programs per call to aim for: several waves on a 132-SM GPU
 MIN_BLOCK, MAX_BLOCK = 32, 256  # slots per split program
@@ -85,14 +86,22 @@ def decode_attention_triton(
     v: torch.Tensor,
     n_valid: torch.Tensor,
     scale: float | None = None,
+    *,
     block: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The `triton` backend: q [B, H, Dh], k, v [B, H, S, Dh], n_valid [B] -> [B, H, Dh].
 
-    `block` (slots per split program, a power of two) overrides the heuristic, for tuning."""
+    block: slots per split program (a power of two >= 16), overriding the heuristic, for tuning.
+    out: an optional contiguous [B, H, Dh] tensor of q's dtype to write into."""
     check_args(q, k, v, n_valid)
     batch, n_head, n_slots, head_dim = k.shape
-    out = torch.empty(batch, n_head, head_dim, device=q.device, dtype=q.dtype)
+    if out is None:
+        out = torch.empty(batch, n_head, head_dim, device=q.device, dtype=q.dtype)
+    else:
+        check_out(out, (batch, n_head, head_dim), q.dtype)
+    if block is not None and (block < 16 or block & (block - 1)):
+        raise ValueError(f"decode_attention: block must be a power of two >= 16, got {block}")
     if out.numel() == 0 or n_slots == 0:
         return out.zero_()
     block = block or pick_block(batch * n_head, n_slots)
