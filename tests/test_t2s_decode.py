@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
+from voicehub.models.gpt_sovits.t2s.config import FULL_V3
 from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode
-from voicehub.models.gpt_sovits.t2s.make_checkpoint import logit_margins, make_t2s_checkpoint, random_prompt
+from voicehub.models.gpt_sovits.t2s.make_checkpoint import (
+    logit_margins,
+    make_t2s_checkpoint,
+    random_prompt,
+    random_state_dict,
+)
+from voicehub.models.gpt_sovits.t2s.model import T2SModel
 
 REFERENCE = json.loads(
     (Path(__file__).parent / "data" / "upstream_keys" / "t2s_tiny_decode.json").read_text()
@@ -133,3 +140,14 @@ def test_empty_prompt_decodes(tiny):
 def test_invalid_params_raise(kwargs, word):
     with pytest.raises(ValueError, match=word):
         T2SSamplingParams(**kwargs)
+
+
+def test_full_size_random_weights_are_not_degenerate():
+    """24 layers at full width must not collapse (GPU benchmarks decode these weights)."""
+    model = T2SModel(FULL_V3)
+    weights = random_state_dict(FULL_V3, seed=0)
+    model.load_state_dict({k.removeprefix("model."): v.float() for k, v in weights.items()})
+    phones, bert, prompt = random_prompt(FULL_V3, 20, 20, seed=0)
+    report = logit_margins(model.eval(), phones, bert, prompt, 24)  # collapsed weights give 1-2 distinct
+    assert report["distinct_tokens"] >= 10, report
+    assert report["median"] > 0.3, report

@@ -22,15 +22,20 @@ SIZES = {"tiny": TINY, "full": FULL_V3}
 LOGIT_STD = 4.0  # spread of the head's logits over unit-variance hidden states
 
 
-def _init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """A value for one parameter, by its role (read from its upstream name)."""
+def _init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator, depth: float) -> np.ndarray:
+    """A value for one parameter, by its role (read from its upstream name).
+
+    depth = 2 / n_layer shrinks what each post-norm layer adds (residual-branch outputs, norm
+    offsets): with 24 layers at full scale the hidden state collapses to one vector whatever the
+    input, and greedy decoding repeats one token. For the 2-layer tiny model depth is exactly 1.
+    """
     normal = rng.standard_normal(shape, dtype=np.float32)
     if name.endswith("word_embeddings.weight"):
         return normal
     if name.endswith(".alpha"):
         return 1.0 + 0.1 * normal
     if ".norm" in name:
-        return (1.0 + 0.1 * normal) if name.endswith("weight") else 0.1 * normal
+        return (1.0 + 0.1 * normal * depth) if name.endswith("weight") else 0.1 * normal * depth
     if name.endswith("bias"):
         return 0.02 * normal
     fan_in = shape[-1]
@@ -38,6 +43,8 @@ def _init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) ->
         return normal * (LOGIT_STD / math.sqrt(fan_in))
     if name.endswith("in_proj_weight"):
         return normal * math.sqrt(2.0 / fan_in)  # sharper-than-uniform attention
+    if name.endswith(("out_proj.weight", "linear2.weight")):
+        return normal * math.sqrt(1.0 / fan_in) * depth
     return normal * math.sqrt(1.0 / fan_in)
 
 
@@ -46,7 +53,8 @@ def random_state_dict(config: T2SConfig, seed: int) -> dict[str, torch.Tensor]:
     rng = np.random.default_rng(seed)
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in checkpoint_state_dict(T2SModel(config)).items()}
-    return {k: torch.from_numpy(_init_tensor(k, s, rng)).to(torch.float16) for k, s in shapes.items()}
+    depth = 2.0 / config.n_layer
+    return {k: torch.from_numpy(_init_tensor(k, s, rng, depth)).to(torch.float16) for k, s in shapes.items()}
 
 
 def make_t2s_checkpoint(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
