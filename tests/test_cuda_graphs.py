@@ -1,14 +1,7 @@
 import pytest
 import torch
 
-from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset, pick_bucket
-
-
-def test_pick_bucket_takes_the_smallest_that_fits():
-    assert pick_bucket([128, 256, 512], 1) == 128
-    assert pick_bucket([128, 256, 512], 129) == 256
-    assert pick_bucket([128, 256, 512], 512) == 512
-    assert pick_bucket([128, 256, 512], 513) is None
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 
 
 def test_unknown_preset_lists_valid_ones():
@@ -47,3 +40,23 @@ def test_replay_sees_new_inputs_and_matches_eager(preset):
             out = runner.run(bucket).clone()
             torch.testing.assert_close(out, step(bucket))
     assert runner.captured_buckets == [8, 16]
+
+
+@pytest.mark.gpu
+def test_registered_generator_replays_draw_as_eager_calls_do():
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev)
+    out = torch.zeros(4, device=dev)
+
+    def step(bucket):
+        return out.copy_(torch.rand(4, device=dev, generator=gen))
+
+    runner = BucketedGraphRunner(step, ["draw"], "full", dev, generators=[gen])
+    runner.capture_at_load()
+    gen.manual_seed(11)
+    replayed = [runner.run("draw").clone() for _ in range(3)]
+    gen.manual_seed(11)
+    eager = [torch.rand(4, device=dev, generator=gen) for _ in range(3)]
+    for a, b in zip(replayed, eager):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(replayed[0], replayed[1])

@@ -1,7 +1,7 @@
 """CUDA-graph capture over shape buckets, knowing nothing of any model.
 
-A step is a callable of static tensors (same storage every call) and a static bucket key (a
-sequence-length or batch bucket). The runner captures it once per bucket, all graphs sharing one
+A step is a callable of static tensors (same storage every call) and a static bucket key (any
+hashable: a sequence-length bucket, a (KV bucket, batch bucket, flag) tuple...). The runner captures it once per bucket, all graphs sharing one
 memory pool, and replays: the caller copies inputs into the static buffers, replays, reads the
 static outputs. Presets decide when capture happens: `full` (every bucket at load), `minimal`
 (the common buckets at load, the rest on first use), `lazy` (each on first use), `off` (eager
@@ -10,7 +10,7 @@ calls, no capture).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -33,14 +33,6 @@ def parse_graph_preset(value: str | GraphPreset) -> GraphPreset:
         raise ValueError(f"unknown cuda_graph_preset {value!r}; valid presets: {valid}") from None
 
 
-def pick_bucket(buckets: Sequence[int], need: int) -> int | None:
-    """The smallest bucket >= need, or None when `need` outgrows the largest."""
-    for b in buckets:
-        if b >= need:
-            return b
-    return None
-
-
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
@@ -52,20 +44,25 @@ class BucketedGraphRunner:
 
     step(bucket) -> outputs: reads and writes only static tensors the owner allocated once, so
     replays see the caller's latest inputs. `warmup_calls` eager calls on a side stream precede
-    each capture, as CUDA graph capture requires (lazy cuBLAS/cuDNN initialisation must be done).
+    each capture, as CUDA graph capture requires (lazy cuBLAS/cuDNN initialisation must be done);
+    they run the step for real, so the owner resets its state after capture at load.
+    generators: device RNGs the step draws from; registered with every graph so each replay
+    advances them as an eager call would (and reseeding them between replays takes effect).
     """
 
     def __init__(
         self,
-        step: Callable[[int], Any],
-        buckets: Sequence[int],
+        step: Callable[[Hashable], Any],
+        buckets: Sequence[Hashable],
         preset: GraphPreset | str,
         device: torch.device,
-        common_buckets: Sequence[int] = (),
+        common_buckets: Sequence[Hashable] = (),
         warmup_calls: int = 2,
+        generators: Sequence[torch.Generator] = (),
     ):
         self.step = step
-        self.buckets = sorted(buckets)
+        self.generators = tuple(generators)
+        self.buckets = list(dict.fromkeys(buckets))
         self.preset = parse_graph_preset(preset)
         self.device = device
         self.warmup_calls = warmup_calls
@@ -73,12 +70,12 @@ class BucketedGraphRunner:
             raise ValueError(
                 f"cuda_graph_preset={self.preset.value!r} needs a CUDA device; use 'off' on {device}"
             )
-        self._graphs: dict[int, _Captured] = {}
+        self._graphs: dict[Hashable, _Captured] = {}
         self._pool: Any = None
-        unknown = sorted(set(common_buckets) - set(self.buckets))
+        unknown = [b for b in common_buckets if b not in self.buckets]
         if unknown:
             raise ValueError(f"common buckets {unknown} are not among the buckets {self.buckets}")
-        self.common_buckets = sorted(common_buckets) or self.buckets[:1]
+        self.common_buckets = list(common_buckets) or self.buckets[:1]
 
     def capture_at_load(self) -> None:
         """Capture what the preset captures at load time."""
@@ -92,10 +89,10 @@ class BucketedGraphRunner:
             self._capture(bucket)
 
     @property
-    def captured_buckets(self) -> list[int]:
-        return sorted(self._graphs)
+    def captured_buckets(self) -> list[Hashable]:
+        return [b for b in self.buckets if b in self._graphs]
 
-    def _capture(self, bucket: int) -> _Captured:
+    def _capture(self, bucket: Hashable) -> _Captured:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -103,6 +100,8 @@ class BucketedGraphRunner:
                 self.step(bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        for gen in self.generators:
+            graph.register_generator_state(gen)
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = self.step(bucket)
         if self._pool is None:
@@ -111,7 +110,7 @@ class BucketedGraphRunner:
         self._graphs[bucket] = captured
         return captured
 
-    def run(self, bucket: int) -> Any:
+    def run(self, bucket: Hashable) -> Any:
         """Replay the graph of `bucket` (capturing it first if the preset allows), or call eagerly when off."""
         if self.preset is GraphPreset.OFF:
             return self.step(bucket)

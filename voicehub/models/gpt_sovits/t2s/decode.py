@@ -81,7 +81,11 @@ class DecodeResult:
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
+    return reseed(torch.Generator(device=device), seed)
+
+
+def reseed(gen: torch.Generator, seed: int | None) -> torch.Generator:
+    """Seed `gen` in place (a fresh random seed for None); a graph-registered generator keeps working."""
     if seed is None:
         gen.seed()
     else:

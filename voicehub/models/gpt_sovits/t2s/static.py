@@ -24,7 +24,7 @@ from voicehub.models.gpt_sovits.t2s.decode import (
     StopReason,
     T2SSamplingParams,
     encode_prompt,
-    make_generator,
+    reseed,
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
@@ -197,6 +197,16 @@ class T2SStaticDecoder:
         )  # fmt: skip
         self.buf = SamplingBuffers.allocate(self.engine.max_batch, cfg.vocab_size, w.device)
         self.state = DecodeState.allocate(self.engine.max_batch, self.engine.max_seq_len, w.device)
+        # One generator for every decode, reseeded per call: a graph that captured it keeps using it.
+        self.generator = torch.Generator(device=w.device)
+
+    def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
+        """One decode step over rows [0, n_rows) against KV bucket n_slots (eager here; a graph
+        runner replays a captured copy of exactly this call)."""
+        decode_step(
+            self.model, self.cache.narrow(n_rows), self.state.narrow(n_rows), self.buf.narrow(n_rows),
+            self.generator, n_slots, drop_eos,
+        )  # fmt: skip
 
     def _step_limit(self, params: T2SSamplingParams) -> tuple[int, int]:
         """(cap kept on the device, most steps the row can take)."""
@@ -246,14 +256,14 @@ class T2SStaticDecoder:
             )
         self._reset()
         n_rows = pick_bucket(len(requests), self.engine.row_buckets)
-        cache, state, buf = self.cache.narrow(n_rows), self.state.narrow(n_rows), self.buf.narrow(n_rows)
+        state, buf = self.state.narrow(n_rows), self.buf.narrow(n_rows)
         first = torch.zeros(n_rows, self.model.config.vocab_size, device=self.device)
         first = first.to(self.model.ar_predict_layer.weight.dtype)
         n_prompt_max, limit = 0, 0
         for row, req in enumerate(requests):
             first[row], n_prompt, row_limit = self._load_row(row, req)
             n_prompt_max, limit = max(n_prompt_max, n_prompt), max(limit, row_limit)
-        gen = make_generator(requests[0].params.seed, self.device)
+        gen = reseed(self.generator, requests[0].params.seed)
         all_forced = all(r.params.force_n_tokens is not None for r in requests)
         sample_step(self.model, state, first, buf, gen, drop_eos=True)
         for n_steps in range(1, limit):
@@ -261,7 +271,7 @@ class T2SStaticDecoder:
                 break  # the only host read of device state: once per stop_check_interval steps
             n_slots = pick_bucket(n_prompt_max + n_steps, self.engine.buckets)
             drop_eos = all_forced or n_steps < EOS_BLOCKED_STEPS  # rows start together: same phase
-            decode_step(self.model, cache, state, buf, gen, n_slots, drop_eos)
+            self.step(n_rows, n_slots, drop_eos)
         return [self._result(row) for row in range(len(requests))]
 
     def _result(self, row: int) -> DecodeResult:

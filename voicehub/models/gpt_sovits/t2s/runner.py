@@ -1,0 +1,54 @@
+"""The T2S decoder on the GPU: the static decoder's step replayed from CUDA graphs.
+
+One `T2SGraphDecoder` per loaded GPT checkpoint owns the GPU state of its decodes: the KV cache,
+sampling buffers, per-row state, the device RNG and the graphs of `decode_step`, one per
+(KV bucket, batch bucket, drop_eos) key, all in one memory pool. A sequence that outgrows a KV
+bucket moves to the next graph in place (the cache is shared); beyond the largest bucket the
+request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
+"""
+
+from __future__ import annotations
+
+from voicehub.models.gpt_sovits.t2s.model import T2SModel
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SStaticDecoder
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
+
+GraphKey = tuple[int, int, bool]  # (batch rows, KV slots, drop_eos)
+
+
+class T2SGraphDecoder(T2SStaticDecoder):
+    """`decode(requests)` with the same results as T2SStaticDecoder, each step a graph replay.
+
+    preset: `full` captures every key at construction, `minimal` the common ones (one row, the
+    smallest KV bucket, both EOS phases), `lazy` each key on first use, `off` runs eagerly.
+    """
+
+    def __init__(self, model: T2SModel, engine: StaticDecodeConfig | None = None, preset: str = "full"):
+        super().__init__(model, engine)
+        self.preset = parse_graph_preset(preset)
+        keys = [
+            (n_rows, n_slots, drop)
+            for n_rows in self.engine.row_buckets
+            for n_slots in self.engine.buckets
+            for drop in (True, False)
+        ]
+        common = [(self.engine.row_buckets[0], self.engine.buckets[0], drop) for drop in (True, False)]
+        self.graphs = BucketedGraphRunner(
+            self._graph_step,
+            keys,
+            self.preset,
+            self.device,
+            common_buckets=common,
+            generators=[self.generator],
+        )
+        if self.preset in (GraphPreset.FULL, GraphPreset.MINIMAL):
+            self._reset()  # capture warm-ups run real steps on whatever the buffers hold
+            self.graphs.capture_at_load()
+            self._reset()
+
+    def _graph_step(self, key: GraphKey) -> None:
+        n_rows, n_slots, drop_eos = key
+        super().step(n_rows, n_slots, drop_eos)
+
+    def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
+        self.graphs.run((n_rows, n_slots, drop_eos))
