@@ -103,9 +103,48 @@ def _ort_run(session, ids_list: list[list[int]], scales: np.ndarray) -> int:
     n = 0
     for ids in ids_list:
         x = np.array([ids], dtype=np.int64)
-        out = session.run(None, {"input": x, "input_lengths": np.array([len(ids)], np.int64), "scales": scales})
+        out = session.run(
+            None, {"input": x, "input_lengths": np.array([len(ids)], np.int64), "scales": scales}
+        )
         n += out[0].size
     return n
+
+
+def _bench_text(
+    model, session, name: str, entry: dict, args: argparse.Namespace, device: torch.device
+) -> dict:
+    sentences = [Sentence(s["text"], tuple(s["phonemes"])) for s in entry["sentences"]]
+    model.phonemize = lambda text: iter(sentences)  # precomputed espeak-ng output
+    text = entry["text"]
+    audio = model.generate(text, seed=SEED)
+    audio_s = audio.duration
+    gen_s, gen_all = _median_time(lambda: model.generate(text, seed=SEED), args.reps, args.warmups, device)
+    firsts = [_first_chunk_s(model, text, device) for _ in range(args.warmups + args.reps)][args.warmups :]
+    ids = [phoneme_ids(list(s.phonemes), model.voice.phoneme_id_map) for s in sentences]
+    scales = np.array([0.667, 1.0, 0.8], dtype=np.float32)
+    cpu = torch.device("cpu")
+    ort_s, _ = _median_time(lambda: _ort_run(session, ids, scales), args.reps, args.warmups, cpu)
+    ort_first, _ = _median_time(lambda: _ort_run(session, ids[:1], scales), args.reps, 1, cpu)
+    if args.audio_dir:
+        from voicehub.audio.io import write_audio
+
+        Path(args.audio_dir).mkdir(parents=True, exist_ok=True)
+        write_audio(Path(args.audio_dir) / f"vits_{name}_{device.type}.wav", audio.audio, audio.sample_rate)
+    return {
+        "text": name,
+        "n_chars": len(text),
+        "n_sentences": len(sentences),
+        "audio_s": audio_s,
+        "generate_s": gen_s,
+        "generate_rtf": gen_s / audio_s,
+        "generate_all_s": gen_all,
+        "stream_first_chunk_s": statistics.median(firsts),
+        "stream_first_chunk_all_s": firsts,
+        "onnxruntime_cpu_s": ort_s,
+        "onnxruntime_cpu_rtf": ort_s / audio_s,
+        "onnxruntime_cpu_first_sentence_s": ort_first,
+        "phonemize_s_measured_on_cpu": entry.get("phonemize_s"),
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -114,40 +153,7 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     model = load(voice_path, device=args.device, dtype=args.dtype)
     session = _ort_session(voice_path)
-    rows = []
-    for name, entry in data.items():
-        sentences = [Sentence(s["text"], tuple(s["phonemes"])) for s in entry["sentences"]]
-        model.phonemize = lambda text, _s=sentences: iter(_s)  # precomputed espeak-ng output
-        text = entry["text"]
-        audio = model.generate(text, seed=SEED)
-        audio_s = audio.duration
-        gen_s, gen_all = _median_time(lambda: model.generate(text, seed=SEED), args.reps, args.warmups, device)
-        firsts = [_first_chunk_s(model, text, device) for _ in range(args.warmups + args.reps)][args.warmups :]
-        ids = [phoneme_ids(list(s.phonemes), model.voice.phoneme_id_map) for s in sentences]
-        scales = np.array([0.667, 1.0, 0.8], dtype=np.float32)
-        ort_s, _ = _median_time(lambda: _ort_run(session, ids, scales), args.reps, args.warmups, torch.device("cpu"))
-        ort_first, _ = _median_time(lambda: _ort_run(session, ids[:1], scales), args.reps, 1, torch.device("cpu"))
-        rows.append(
-            {
-                "text": name,
-                "n_chars": len(text),
-                "n_sentences": len(sentences),
-                "audio_s": audio_s,
-                "generate_s": gen_s,
-                "generate_rtf": gen_s / audio_s,
-                "generate_all_s": gen_all,
-                "stream_first_chunk_s": statistics.median(firsts),
-                "stream_first_chunk_all_s": firsts,
-                "onnxruntime_cpu_s": ort_s,
-                "onnxruntime_cpu_rtf": ort_s / audio_s,
-                "onnxruntime_cpu_first_sentence_s": ort_first,
-                "phonemize_s_measured_on_cpu": entry.get("phonemize_s"),
-            }
-        )
-        if args.audio_dir:
-            from voicehub.audio.io import write_audio
-
-            write_audio(Path(args.audio_dir) / f"vits_{name}_{args.device.split(':')[0]}.wav", audio.audio, 22050)
+    rows = [_bench_text(model, session, name, entry, args, device) for name, entry in data.items()]
     return {"rows": rows, "meta": _meta(args, device)}
 
 

@@ -1,0 +1,224 @@
+"""T2S decode on the GPU: eager reference vs static KV vs CUDA graphs, exactness and speed in one run.
+
+Workload (issue 4): full-size random v3 weights made here by make_t2s_checkpoint, a prompt of
+80 phonemes + 150 semantic tokens, N decoded tokens with EOS suppressed, one stream.
+Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
+and eager's top-1/top-2 margin there; teacher-forced logits of graph replays against eager
+(relative L2). Speed: first request (cold) and warm median tokens/s; capture time; peak memory.
+
+    python benchmarks/t2s_decode_bench.py --out benchmarks/results/t2s_decode_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
+from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, _step_layers, decode, encode_prompt
+from voicehub.models.gpt_sovits.t2s.make_checkpoint import logit_margins, make_t2s_checkpoint, random_prompt
+from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest, forward_step
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner
+
+EPSILON = 0.05  # logits: a step whose eager top-1/top-2 margin is below this is a near-tie
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn):
+    _sync()
+    t0 = time.perf_counter()
+    out = fn()
+    _sync()
+    return out, time.perf_counter() - t0
+
+
+def compare(ref, got, margins) -> dict:
+    a, b = ref.tolist(), got.tolist()
+    n = min(len(a), len(b))
+    first = next((i for i in range(n) if a[i] != b[i]), None)
+    if first is None and len(a) != len(b):
+        first = n
+    margin = None if first is None or first >= len(margins) else float(margins[first])
+    return {
+        "identical": a == b,
+        "lengths": [len(a), len(b)],
+        "first_divergence": first,
+        "eager_margin_there": margin,
+        "passes_margin_rule": first is None or (margin is not None and margin <= EPSILON),
+    }
+
+
+def teacher_forced(model, decoder, req, tokens) -> dict:
+    """Logits at each step fed eager's tokens: eager growing-KV path vs graph replays of forward_step."""
+    dev = decoder.device
+    phones, bert, prompt = req.phone_ids.to(dev), req.bert.to(dev), req.prompt_tokens.to(dev)
+    logits, keys, values = encode_prompt(model, phones, bert, prompt)
+    eager = [logits.float()]
+    for i, tok in enumerate(tokens[:-1].to(dev)):
+        t = tok.view(1)
+        x = model.embed_audio_at(t, torch.full_like(t, prompt.shape[0] + i))
+        eager.append(model.logits(_step_layers(model, x, keys, values)[:, -1]).float())
+    decoder._reset()
+    first, n_prompt, _ = decoder._load_row(0, req)
+    cache = decoder.cache.narrow(1)
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    pos = torch.full((1,), prompt.shape[0], dtype=torch.long, device=dev)
+    out = torch.zeros(1, model.config.vocab_size, device=dev, dtype=first.dtype)
+
+    def step(n_slots):
+        out.copy_(forward_step(model, cache, tok, pos, n_slots))
+        cache.advance()
+        pos.add_(1)
+        return out
+
+    preset = "lazy" if dev.type == "cuda" else "off"  # off: a CPU smoke run of the script
+    runner = BucketedGraphRunner(step, list(decoder.engine.buckets), preset, dev, warmup_calls=0)
+    graph = [first[None].float()]
+    for i, t in enumerate(tokens[:-1].tolist()):
+        tok.fill_(t)
+        n_slots = next(b for b in decoder.engine.buckets if b >= n_prompt + i + 1)
+        graph.append(runner.run(n_slots).float().clone())
+    e, g = torch.cat(eager), torch.cat(graph)
+    return {
+        "rel_l2": float((g - e).norm() / e.norm()),
+        "max_abs": float((g - e).abs().max()),
+        "steps": len(eager),
+    }
+
+
+def speed(name, fn, n_tokens, reps) -> dict:
+    _, cold = timed(fn)
+    warm = [timed(fn)[1] for _ in range(reps)]
+    med = statistics.median(warm)
+    return {
+        "path": name,
+        "first_request_s": cold,
+        "warm_median_s": med,
+        "warm_all_s": warm,
+        "tokens_per_s": n_tokens / med,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", default="full")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--n-tokens", type=int, default=500)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (graphs off)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    t_start = time.perf_counter()
+    torch.manual_seed(0)
+    ckpt, make_s = timed(lambda: make_t2s_checkpoint(f"/tmp/t2s_{args.size}.ckpt", args.size, seed=0))
+    (model, config), load_s = timed(lambda: load_t2s(ckpt, device=args.device, dtype=args.dtype))
+    dev = torch.device(args.device)
+    on_gpu = dev.type == "cuda"
+    phones, bert, prompt = random_prompt(config, 80, 150, seed=0)
+    n = args.n_tokens
+    engine = StaticDecodeConfig(max_batch=1, max_seq_len=1024, kv_buckets=(256, 384, 512, 768, 1024))
+    greedy = T2SSamplingParams.greedy(force_n_tokens=n)
+    seeded = T2SSamplingParams(seed=0, top_k=5, top_p=1.0, temperature=0.6, force_n_tokens=n)
+    free = T2SSamplingParams(seed=1, max_new_tokens=n)  # EOS allowed: the stop logic too
+    reqs = {
+        k: T2SRequest(phones, bert, prompt, v)
+        for k, v in (("greedy", greedy), ("seeded", seeded), ("eos", free))
+    }
+    result = {"margins_greedy_200": logit_margins(model, phones.to(dev), bert.to(dev), prompt.to(dev), 200)}
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    static = T2SGraphDecoder(model, engine, preset="off")
+    graphs, capture_s = timed(lambda: T2SGraphDecoder(model, engine, preset="full" if on_gpu else "off"))
+    lazy = T2SGraphDecoder(model, engine, preset="lazy" if on_gpu else "off")
+    result["capture_full_s"] = capture_s
+    result["n_graphs_full"] = len(graphs.graphs.captured_buckets)
+    rows = [
+        speed("eager", lambda: decode(model, phones, bert, prompt, greedy), n, args.reps),
+        speed("static_kv", lambda: static.decode([reqs["greedy"]]), n, args.reps),
+        speed("graphs_lazy", lambda: lazy.decode([reqs["greedy"]]), n, args.reps),
+        speed("graphs_full", lambda: graphs.decode([reqs["greedy"]]), n, args.reps),
+    ]
+    result["speed"] = rows
+    if on_gpu:
+        result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    exact = {}
+    for name, req in reqs.items():
+        ref = decode(model, phones, bert, prompt, req.params)
+        exact[name] = {
+            "eager_tokens": len(ref.tokens),
+            "eager_distinct_tokens": len(set(ref.tokens.tolist())),
+            "static_kv": compare(ref.tokens, static.decode([req])[0].tokens, ref.margins),
+            "graphs_full": compare(ref.tokens, graphs.decode([req])[0].tokens, ref.margins),
+        }
+    result["exactness"] = exact
+    ref = decode(model, phones, bert, prompt, greedy)
+    result["teacher_forced_logits_graph_vs_eager"] = teacher_forced(model, graphs, reqs["greedy"], ref.tokens)
+    result["meta"] = meta(args, make_s, load_s, time.perf_counter() - t_start)
+    print(f"{'path':12} {'first_req_s':>11} {'warm_s':>8} {'tok/s':>8}")
+    for r in rows:
+        print(
+            f"{r['path']:12} {r['first_request_s']:11.3f} {r['warm_median_s']:8.3f} {r['tokens_per_s']:8.0f}"
+        )
+    print("capture (full preset):", round(capture_s, 3), "s;", result["n_graphs_full"], "graphs")
+    print(
+        "exactness:",
+        json.dumps(
+            {k: {p: v[p]["identical"] for p in ("static_kv", "graphs_full")} for k, v in exact.items()}
+        ),
+    )
+    print("teacher-forced:", result["teacher_forced_logits_graph_vs_eager"])
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+def meta(args, make_s, load_s, total_s) -> dict:
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {
+        "benchmark": "t2s_decode",
+        "machine": {
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "platform": platform.platform(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "voicehub_commit": rev or None,
+        },
+        "precision": args.dtype,
+        "sizes": {
+            "checkpoint": args.size,
+            "n_phones": 80,
+            "n_prompt_tokens": 150,
+            "n_decoded": args.n_tokens,
+            "batch": 1,
+            "kv_buckets": [256, 384, 512, 768, 1024],
+        },
+        "warmups": "one cold (first request, reported) then reps warm",
+        "repetitions": args.reps,
+        "epsilon_margin_rule": EPSILON,
+        "make_checkpoint_s": make_s,
+        "load_s": load_s,
+        "script_total_s": total_s,
+        "command": " ".join(["python", *sys.argv]),
+    }
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
