@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device-machine call: GPU tests, then every benchmark, each under its own time limit.
+# Wheels the image lacks travel in .whl/ (see README "GPU benchmarks"). Results land in $OUT.
+set -u
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH="$PWD:/tmp/site"
+LOG="$OUT/session.log"
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2; shift 2
+  echo "== $name ($(date +%T), limit ${limit}s)" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "== $name exit $?" | tee -a "$LOG"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$LOG"
+for part in ${PARTS:-tests t2s acoustic kernels vits}; do
+  case $part in
+    tests) step gpu-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -l "mark.gpu" tests/test_*.py) ;;
+    t2s) step t2s-decode 200 python3 benchmarks/t2s_decode_bench.py --reps 3 --out "$OUT/t2s_decode_h200.json" ;;
+    acoustic) step acoustic 200 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
+    kernels) step kernels 150 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
+    vits) step vits 120 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
+  esac
+done
+grep -E "^== |passed|failed|error" "$LOG" | tail -40
