@@ -13,6 +13,7 @@ from voicehub.errors import ModelNotFoundError
 from voicehub.models.base import ModelFamily
 
 FAMILY_MODULES: dict[str, str] = {
+    "gpt-sovits-v3": "voicehub.models.gpt_sovits",
     "vits": "voicehub.models.vits",
 }
 

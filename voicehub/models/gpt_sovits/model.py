@@ -1,0 +1,152 @@
+"""`GptSovitsModel`: GPT-SoVITS v3 behind VoiceHub's `TTSModel` interface (the hub face)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from voicehub.models.base import TTSModel
+from voicehub.models.gpt_sovits.bert import BertFeatureExtractor
+from voicehub.models.gpt_sovits.bigvgan import load_bigvgan
+from voicehub.models.gpt_sovits.files import ModelFiles
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.models.gpt_sovits.pipeline import SAMPLE_RATE, Pipeline
+from voicehub.models.gpt_sovits.reference import ReferenceCache, Voice
+from voicehub.models.gpt_sovits.sovits import load_sovits_v3
+from voicehub.models.gpt_sovits.ssl import HubertEncoder
+from voicehub.models.gpt_sovits.t2s import load_t2s
+from voicehub.runtime.cuda_graphs import GraphPreset
+from voicehub.text.frontend import TextFrontend
+from voicehub.text.limits import check_text
+from voicehub.types import AudioChunk
+
+MODEL_TYPE = "gpt-sovits-v3"
+REGISTRY_FAMILIES = ("gpt_sovits", MODEL_TYPE)  # family names a registry voice may carry
+
+
+def build_pipeline(
+    files: ModelFiles,
+    device: torch.device,
+    dtype: torch.dtype,
+    g2pw_model_dir: str | Path | None = None,
+    cache: ReferenceCache | None = None,
+) -> Pipeline:
+    """Read every file through its strict loader and assemble the pipeline on `device` in `dtype`."""
+    t2s, _ = load_t2s(files.gpt, device, dtype)
+    # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
+    sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base).to(device=device, dtype=dtype)
+    vocoder = load_bigvgan(files.bigvgan).to(device=device, dtype=dtype)
+    hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
+    bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
+    frontend = TextFrontend(g2pw_model_dir=g2pw_model_dir, bert_dir=files.bert if g2pw_model_dir else None)
+    model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
+    return Pipeline(
+        frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id
+    )
+
+
+class GptSovitsModel(TTSModel):
+    """A GPT-SoVITS v3 voice model: `generate(text, voice=Voice(...), seed=..., **params)` and `stream`.
+
+    params are `GptSovitsParams` fields (text_language, how_to_cut, top_k, top_p, temperature,
+    repetition_penalty, speed, sample_steps, force_n_tokens, max_new_tokens, pause_s, prompt_language)
+    plus `preset` (fast, balanced, quality; None for upstream's defaults). A voice is a `Voice`, or a
+    name in the `voice_registry` given at load.
+    """
+
+    model_type = MODEL_TYPE
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        files: ModelFiles,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        cuda_graph_preset: GraphPreset = GraphPreset.OFF,
+        lazy_load: bool = False,
+        g2pw_model_dir: str | Path | None = None,
+        voice_registry: Any = None,
+        reference_cache: ReferenceCache | None = None,
+    ):
+        self.files = files
+        self.device = device
+        self.dtype = dtype
+        # Recorded for the optimization manifest; the graph runner that uses it is issue 4's work.
+        self.cuda_graph_preset = cuda_graph_preset
+        self.voice_registry = voice_registry
+        self.reference_cache = reference_cache if reference_cache is not None else ReferenceCache()
+        self._g2pw_model_dir = g2pw_model_dir
+        self._pipeline: Pipeline | None = None
+        self._load_lock = threading.Lock()
+        if not lazy_load:
+            self._load()
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    @property
+    def is_runtime_loaded(self) -> bool:
+        return self._pipeline is not None
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The assembled pipeline, reading the weights now if the model was loaded lazily."""
+        if self._pipeline is None:
+            with self._load_lock:
+                if self._pipeline is None:
+                    self._load()
+                    self.apply_pending_optimization()
+        assert self._pipeline is not None
+        return self._pipeline
+
+    def _load(self) -> None:
+        self._pipeline = build_pipeline(
+            self.files, self.device, self.dtype, self._g2pw_model_dir, self.reference_cache
+        )
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def resolve_voice(self, voice: Any) -> Voice:
+        """A `Voice`, or the registry voice of that name; anything else raises naming the fix."""
+        if isinstance(voice, Voice):
+            return voice
+        if voice is None:
+            raise ValueError(
+                "GPT-SoVITS v3 clones a reference voice: pass voice=Voice(ref_audio_path, prompt_text, "
+                "prompt_language) or the name of a registry voice"
+            )
+        if not isinstance(voice, str):
+            raise TypeError(f"voice must be a Voice or a registry voice name, got {type(voice).__name__}")
+        if self.voice_registry is None:
+            raise ValueError(
+                f"voice {voice!r} is a name, but this model has no voice registry: pass "
+                "voice=Voice(ref_audio_path, prompt_text, prompt_language), or load with voice_registry="
+            )
+        entry = self.voice_registry.get(voice)  # VoiceNotFoundError lists the known names
+        if entry.family not in REGISTRY_FAMILIES or entry.reference_audio is None:
+            raise ValueError(f"registry voice {voice!r} is a {entry.family} voice, not a GPT-SoVITS one")
+        return Voice(entry.reference_audio, entry.transcript, entry.language)
+
+    def request_params(self, seed: int | None, params: dict[str, Any]) -> GptSovitsParams:
+        """Validated request parameters (TypeError for unknown names, ValueError for bad values)."""
+        params = dict(params)
+        preset = params.pop("preset", "balanced")
+        if seed is not None:
+            params["seed"] = seed
+        return GptSovitsParams.build(preset, **params)
+
+    def stream(
+        self, text: str, *, voice: Voice | str | None = None, seed: int | None = None, **params: Any
+    ) -> Iterator[AudioChunk]:
+        """One chunk per cut sentence, each made through the whole chain before the next is decoded.
+
+        Text, parameters and the voice's reference are checked before this returns, so bad input
+        raises here, not at the first chunk.
+        """
+        text = check_text(text)
+        request = self.request_params(seed, params)
+        return self.pipeline.stream(text, self.resolve_voice(voice), request)

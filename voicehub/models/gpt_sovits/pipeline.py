@@ -1,0 +1,268 @@
+"""The eager reference pipeline of GPT-SoVITS v3: text + voice -> 24 kHz audio, sentence by sentence.
+
+It reproduces upstream's v3 flow (inference_webui.py `get_tts_wav` at the pinned commit):
+- the prompt text gets a final 。 (or . for English) when it has no final mark; each cut sentence too;
+- the reference at 16 kHz plus upstream's trailing zeros -> HuBERT -> the quantizer's `extract_latent`
+  -> the prompt's semantic tokens;
+- T2S input: prompt phonemes + sentence phonemes, prompt BERT + sentence BERT (zeros unless Chinese),
+  the token cap hz * max_sec;
+- SoVITS v3: the reference's style, features and mel prompt the CFM; BigVGAN vocodes the mel;
+- audio whose peak exceeds 1 is divided by its peak; sentences are separated by `pause_s` of silence.
+Differences, on purpose: sentences are cut by `TextFrontend.cut` (upstream's TTS.py pre-segmentation
+rules), the pause is put *between* sentences (upstream also appends one after the last), and each
+sentence edge next to a pause gets a 5 ms fade so a sentence that ends mid-wave does not click.
+
+Every fast path (issue 4: static KV, graphs, sub-sentence streaming) is held to this one.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voicehub.audio.fades import fade_in, fade_out
+from voicehub.audio.load import sinc_hann_resample
+from voicehub.audio.mel import V3_MEL, MelSpectrogram
+from voicehub.errors import InvalidTextError
+from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
+from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.models.gpt_sovits.reference import (
+    ReferenceAudio,
+    ReferenceCache,
+    SpecConfig,
+    Voice,
+    load_reference_audio,
+    reference_spectrogram,
+)
+from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
+from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
+from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, decode
+from voicehub.text.cut import SPLITS
+from voicehub.text.frontend import TextFrontend, TextSegment
+from voicehub.text.options import Language
+from voicehub.types import AudioChunk
+
+SAMPLE_RATE = 24000  # Hz, BigVGAN v2 24 kHz output
+SPEC = SpecConfig()  # v3 reference spectrogram: 32 kHz, 2048 / 640 / 2048
+EDGE_FADE_S = 0.005  # fade at sentence edges that meet a pause
+MAX_SEED = 2**63
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceFeatures:
+    """What a voice contributes to every sentence; computed once per voice (see `Pipeline.reference`)."""
+
+    prompt_text: str  # as fed to the frontend (final mark added)
+    prompt_tokens: torch.Tensor  # [Ty] long semantic tokens of the reference audio (25 Hz)
+    phone_ids: list[int]  # prompt phonemes
+    bert: torch.Tensor  # [1024, len(phone_ids)]
+    acoustic: ReferencePrompt  # style, features and mel prompt of the CFM
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceFeatures:
+    """One cut sentence after the text frontend."""
+
+    text: str
+    phones: list[str]
+    phone_ids: list[int]
+    bert: torch.Tensor  # [1024, len(phone_ids)]
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceAudio:
+    """One sentence through the whole chain: its semantic tokens and float32 [n] audio at 24 kHz."""
+
+    tokens: torch.Tensor  # [N] long
+    stop_reason: StopReason
+    audio: np.ndarray
+
+
+def ensure_final_mark(text: str, language: Language) -> str:
+    """Upstream: a text without a final mark gets 。, or . when its language is `en`."""
+    text = text.strip("\n")
+    if text and text[-1] not in SPLITS:
+        text += "." if language == Language.EN else "。"
+    return text
+
+
+def sentence_seed(seed: int, index: int) -> int:
+    """The seed of sentence `index` of a request seeded with `seed` (sentence 0 uses the seed itself)."""
+    return (seed + index) % MAX_SEED
+
+
+class Pipeline:
+    """Strategy objects assembled once on a device and dtype; `stream` is the request entry point."""
+
+    def __init__(
+        self,
+        frontend: TextFrontend,
+        hubert: HubertEncoder,
+        bert: BertFeatureExtractor,
+        t2s: T2SModel,
+        sovits: SynthesizerV3,
+        vocoder: BigVGAN,
+        device: torch.device,
+        dtype: torch.dtype,
+        cache: ReferenceCache | None = None,
+        model_id: str = "",
+    ):
+        self.frontend, self.hubert, self.bert = frontend, hubert, bert
+        self.t2s, self.sovits, self.vocoder = t2s, sovits, vocoder
+        self.device, self.dtype = device, dtype
+        self.cache = cache if cache is not None else ReferenceCache()
+        self.model_id = model_id or f"pipeline-{id(self)}"
+        self.mel = MelSpectrogram(V3_MEL).to(device)
+
+    # -- text ------------------------------------------------------------------------------------
+
+    def text_features(self, text: str, language: Language) -> SentenceFeatures | None:
+        """Phonemes and BERT features of one sentence (upstream get_phones_and_bert); None if unspeakable."""
+        segments = self.frontend.segments(text, language)
+        if not segments:
+            return None
+        phones = [p for s in segments for p in s.phones]
+        ids = [i for s in segments for i in s.phone_ids]
+        return SentenceFeatures(text, phones, ids, self._bert(segments))
+
+    def _bert(self, segments: list[TextSegment]) -> torch.Tensor:
+        # [1024, n_phones]: Chinese segments through BERT, zeros for the rest
+        parts = [
+            phone_bert_features(
+                self.bert, s.language, s.norm_text, s.word2ph, len(s.phone_ids), self.dtype, self.device
+            )
+            for s in segments
+        ]
+        return torch.cat(parts, dim=1)
+
+    def sentences(self, text: str, params: GptSovitsParams) -> list[str]:
+        """The cut sentences of a request, each ending with a mark (empty text raises InvalidTextError)."""
+        pieces = self.frontend.cut(text, params.how_to_cut, params.text_language)
+        return [ensure_final_mark(p, params.text_language) for p in pieces if p.strip()]
+
+    # -- reference -------------------------------------------------------------------------------
+
+    def reference(self, voice: Voice, language: Language | None = None) -> ReferenceFeatures:
+        """The voice's reference features, from the cache when this file content and prompt were seen."""
+        lang = language or voice.prompt_language
+        prompt_text = ensure_final_mark(voice.prompt_text, lang)
+        return self.cache.get_or_compute(
+            voice.ref_audio_path,
+            self.model_id,
+            lambda: self._compute_reference(voice.ref_audio_path, prompt_text, lang),
+            extra=(prompt_text, lang.value),
+        )
+
+    @torch.inference_mode()
+    def _compute_reference(self, path: Path, prompt_text: str, language: Language) -> ReferenceFeatures:
+        ref = load_reference_audio(path)  # raises on unreadable audio and outside 3-10 s
+        prompt = self.text_features(prompt_text, language)
+        if prompt is None:
+            raise InvalidTextError(
+                f"the prompt text {prompt_text!r} has nothing speakable in {language.value!r}"
+            )
+        tokens = self.prompt_tokens(ref)
+        phones = torch.tensor([prompt.phone_ids], dtype=torch.long, device=self.device)
+        spec = reference_spectrogram(ref, SPEC, self.device).to(self.dtype)
+        acoustic = encode_reference(
+            self.sovits, tokens[None, None], phones, spec, self.reference_log_mel(ref)
+        )
+        return ReferenceFeatures(prompt_text, tokens, prompt.phone_ids, prompt.bert, acoustic)
+
+    def prompt_tokens(self, ref: ReferenceAudio) -> torch.Tensor:
+        """Semantic tokens [Ty] of the reference: 16 kHz audio + zeros -> HuBERT -> extract_latent."""
+        wav16k = torch.from_numpy(ref.wav16k).to(self.device)
+        ssl = self.hubert(wav16k, pad_samples=reference_pad_samples(SPEC.sample_rate))  # [1, 768, T]
+        codes = self.sovits.extract_latent(ssl.to(self.dtype))  # [n_q, 1, T // 2]
+        return codes[0, 0]
+
+    def reference_log_mel(self, ref: ReferenceAudio) -> torch.Tensor:
+        """The reference's 24 kHz log-mel [1, 100, T], not normalised (encode_reference normalises it)."""
+        audio = torch.from_numpy(ref.audio).to(self.device)[None]
+        audio = sinc_hann_resample(audio, ref.sample_rate, V3_MEL.sample_rate)
+        return self.mel(audio).to(self.dtype)
+
+    # -- one sentence ----------------------------------------------------------------------------
+
+    def decode_tokens(
+        self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
+    ) -> DecodeResult:
+        """T2S: semantic tokens of one sentence, prompted by the reference."""
+        phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=self.device)
+        bert = torch.cat([ref.bert, sentence.bert], dim=1)  # [1024, P_ref + P]
+        return decode(self.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+
+    @torch.inference_mode()
+    def synthesize_sentence(
+        self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
+    ) -> SentenceAudio:
+        """One sentence through the whole chain: T2S -> SoVITS/CFM -> BigVGAN -> peak-limited float32 audio."""
+        result = self.decode_tokens(ref, sentence, params, seed)
+        phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        mel = decode_mel(
+            self.sovits, ref.acoustic, result.tokens[None, None], phones, int(params.sample_steps),
+            speed=float(params.speed), generator=generator,
+        )  # fmt: skip
+        audio = vocode(self.vocoder, mel)[0].float()  # [n]
+        peak = audio.abs().max()
+        if peak > 1:  # upstream: "simple protection against 16-bit clipping"
+            audio = audio / peak
+        return SentenceAudio(result.tokens, result.stop_reason, audio.cpu().numpy().astype(np.float32))
+
+    # -- a request -------------------------------------------------------------------------------
+
+    def _speakable(self, sentences: list[str], language: Language) -> Iterator[tuple[SentenceFeatures, bool]]:
+        """Sentences with features and an is-last flag, looking one sentence ahead (g2p only)."""
+        found = (f for s in sentences if (f := self.text_features(s, language)) is not None)
+        current = next(found, None)
+        if current is None:
+            raise InvalidTextError("the text has nothing speakable after normalisation")
+        for following in found:
+            yield current, False
+            current = following
+        yield current, True
+
+    def stream(self, text: str, voice: Voice, params: GptSovitsParams) -> Iterator[AudioChunk]:
+        """Check the request and compute the voice's reference now; then yield one chunk per sentence.
+
+        Each chunk is one sentence, made through the whole chain before the next sentence is
+        decoded, followed by the pause when another sentence follows.
+        """
+        sentences = self.sentences(text, params)
+        if not sentences:
+            raise InvalidTextError(f"nothing to speak in {text[:60]!r} after cutting")
+        ref = self.reference(voice, params.prompt_language)
+        seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
+        return self._stream(sentences, ref, params, seed)
+
+    def _stream(
+        self, sentences: list[str], ref: ReferenceFeatures, params: GptSovitsParams, seed: int
+    ) -> Iterator[AudioChunk]:
+        pause = np.zeros(round(params.pause_s * SAMPLE_RATE), np.float32)
+        fade = round(EDGE_FADE_S * SAMPLE_RATE)
+        offset = 0
+        for index, (sentence, is_last) in enumerate(self._speakable(sentences, params.text_language)):
+            # SEAM (issue 4): true streaming replaces this whole-sentence call with a generator of
+            # sub-sentence pieces (first tokens -> CFM chunk -> vocoder with left context, cross-faded).
+            audio = self.synthesize_sentence(ref, sentence, params, sentence_seed(seed, index)).audio
+            if index > 0:
+                audio = fade_in(audio, fade)
+            if not is_last:
+                audio = np.concatenate([fade_out(audio, fade), pause])
+            yield AudioChunk(
+                audio=audio,
+                sample_rate=SAMPLE_RATE,
+                text=sentence.text,
+                index=index,
+                start_s=offset / SAMPLE_RATE,
+                is_last=is_last,
+                phonemes=" ".join(sentence.phones),
+            )
+            offset += len(audio)
