@@ -123,8 +123,9 @@ def make_checkpoint_set(
     sovits = write_sovits(out / SOVITS_FILE, arch, seed + 1)
     lora = out / LORA_FILE
     lora.parent.mkdir(parents=True, exist_ok=True)
-    # Its own seed: the layers LoRA training leaves unfrozen differ from the base, as after training.
-    write_sovits(lora, arch, seed + 2, lora_rank=lora_rank)
+    # The base's seed: a LoRA file's buffers (the codebook among them) are the base's, as upstream's
+    # training freezes them; only the LoRA factors differ.
+    write_sovits(lora, arch, seed, lora_rank=lora_rank)
     make_hubert_folder(pretrained / HUBERT_FOLDER, size, seed)
     make_bert_folder(pretrained / BERT_FOLDER, size, seed)
     make_bigvgan_folder(pretrained / BIGVGAN_FOLDER, size, seed)
