@@ -184,3 +184,12 @@ def test_import_voicehub_loads_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
     assert voicehub.Voice is Voice
+
+
+def test_default_voice_serves_requests_without_one(tiny_set, reference_wav):  # noqa: F811
+    fields = {"ref_audio_path": str(reference_wav), "prompt_text": REFERENCE_TEXT, "prompt_language": "en"}
+    model = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, default_voice=fields)
+    kw = dict(seed=0, force_n_tokens=4, speed=1.0, how_to_cut="none")
+    implicit = model.generate("Warm up.", **kw).audio
+    explicit = model.generate("Warm up.", voice=Voice(reference_wav, REFERENCE_TEXT, "en"), **kw).audio
+    assert np.array_equal(implicit, explicit)

@@ -27,6 +27,7 @@ LOAD_OPTIONS = (
     "g2pw_model_dir",
     "voice_registry",
     "reference_cache",
+    "default_voice",
 )
 
 
@@ -43,7 +44,9 @@ def load(
     `.ckpt` file); kwargs: gpt_path, sovits_path, pretrained_dir (override the directory's),
     cuda_graph_preset ('off' on the CPU; full/minimal/lazy are the GPU runner's), g2pw_model_dir
     (upstream's GPT_SoVITS/text/G2PWModel for Chinese polyphones; pypinyin without it),
-    voice_registry (a VoiceRegistry, so `voice="name"` works), reference_cache (a ReferenceCache to share).
+    voice_registry (a VoiceRegistry, so `voice="name"` works), reference_cache (a ReferenceCache to share),
+    default_voice (a Voice, registry name, or {ref_audio_path, prompt_text, prompt_language}: the voice
+    of requests that name none).
     dtype: float16 on CUDA and float32 on the CPU by default. lazy_load: find and check the files
     now, read the weights on first use.
     """
@@ -76,6 +79,7 @@ def load(
         g2pw_model_dir=kwargs.get("g2pw_model_dir"),
         voice_registry=kwargs.get("voice_registry"),
         reference_cache=kwargs.get("reference_cache"),
+        default_voice=kwargs.get("default_voice"),
     )
 
 

@@ -55,7 +55,7 @@ class GptSovitsModel(TTSModel):
     params are `GptSovitsParams` fields (text_language, how_to_cut, top_k, top_p, temperature,
     repetition_penalty, speed, sample_steps, force_n_tokens, max_new_tokens, pause_s, prompt_language)
     plus `preset` (fast, balanced, quality; None for upstream's defaults). A voice is a `Voice`, or a
-    name in the `voice_registry` given at load.
+    name in the `voice_registry` given at load; `default_voice` (given at load) serves requests that name none.
     """
 
     model_type = MODEL_TYPE
@@ -72,6 +72,7 @@ class GptSovitsModel(TTSModel):
         g2pw_model_dir: str | Path | None = None,
         voice_registry: Any = None,
         reference_cache: ReferenceCache | None = None,
+        default_voice: Any = None,
     ):
         self.files = files
         self.device = device
@@ -79,6 +80,9 @@ class GptSovitsModel(TTSModel):
         # Recorded for the optimization manifest; the graph runner that uses it is issue 4's work.
         self.cuda_graph_preset = cuda_graph_preset
         self.voice_registry = voice_registry
+        # Used when a request names no voice (e.g. a server's warm-up); a Voice, a registry name or a
+        # mapping of Voice's fields. Resolved per request, so a registry edit is seen.
+        self.default_voice = Voice(**default_voice) if isinstance(default_voice, dict) else default_voice
         self.reference_cache = reference_cache if reference_cache is not None else ReferenceCache()
         self._g2pw_model_dir = g2pw_model_dir
         self._pipeline: Pipeline | None = None
@@ -112,6 +116,8 @@ class GptSovitsModel(TTSModel):
 
     def resolve_voice(self, voice: Any) -> Voice:
         """A `Voice`, or the registry voice of that name; anything else raises naming the fix."""
+        if voice is None and self.default_voice is not None:
+            voice = self.default_voice
         if isinstance(voice, Voice):
             return voice
         if voice is None:
