@@ -8,7 +8,7 @@ import shutil
 import pytest
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set, write_signal  # noqa: F401 (fixtures)
 
-from voicehub import TTSInferencer
+from voicehub import AutoModelForTextToSpeech, TTSInferencer
 from voicehub.errors import AudioFormatError, CheckpointError, InvalidTextError, ModelNotFoundError
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.reference import ReferenceAudioError
@@ -97,6 +97,10 @@ def test_missing_or_ambiguous_files(tiny_set, tmp_path):  # noqa: F811
         ModelNotFoundError, match=r"exactly one SoVITS v3 weights file.*a.pth, b.pth.*sovits_path="
     ):
         load(tmp_path)
+    # With pretrained_models present the hub recognises the folder by content and says what to pass.
+    (tmp_path / "pretrained_models").symlink_to(tiny_set / "pretrained_models")
+    with pytest.raises(ModelNotFoundError, match=r"exactly one SoVITS v3 weights file.*sovits_path="):
+        AutoModelForTextToSpeech.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="needs gpt_path"):
         TTSInferencer(sovits_path=tiny_set / "sovits.pth")
 

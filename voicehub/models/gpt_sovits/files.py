@@ -183,15 +183,15 @@ def is_t2s_checkpoint(path: str | Path) -> bool:
 
 
 def detect(path: Path) -> bool:
-    """Whether `path` is a GPT-SoVITS v3 model by content: a GPT checkpoint file, or a model directory
-    whose one `.ckpt` is a GPT checkpoint and that has a SoVITS `.pth` and a pretrained_models folder."""
+    """Whether `path` is a GPT-SoVITS v3 model, by content: a GPT checkpoint file, or a directory with
+    a pretrained_models folder and a `.ckpt` whose contents are a GPT checkpoint.
+
+    A directory that is ours but ambiguous (several `.ckpt` or `.pth`) is still claimed, so loading
+    it says what to pass instead of "no family recognises it".
+    """
     path = Path(path)
     if path.is_file():
         return is_t2s_checkpoint(path)
-    if not path.is_dir():
+    if not path.is_dir() or _pretrained_in(path) is None:
         return False
-    try:
-        files = find_model_files(path)
-    except ModelNotFoundError:
-        return False
-    return is_t2s_checkpoint(files.gpt)
+    return any(is_t2s_checkpoint(p) for p in path.iterdir() if p.suffix == GPT_SUFFIX)
