@@ -179,3 +179,34 @@ def test_lora_set_merges_into_the_base(tiny_set, voice):  # noqa: F811
     kw = dict(voice=voice, seed=2, text_language="en", **EXACT)
     a, b = base.generate("The same words.", **kw).audio, lora.generate("The same words.", **kw).audio
     assert a.shape == b.shape == (8 * SAMPLES_PER_TOKEN,) and not np.array_equal(a, b)
+
+
+def test_decoder_gets_prompt_then_sentence(model, voice, monkeypatch):
+    """Upstream: phones1 + phones2, bert1 + bert2 along phonemes, the reference's tokens as prompt."""
+    import voicehub.models.gpt_sovits.pipeline as pipeline_module
+
+    pipe = model.pipeline
+    seen = {}
+    real = pipeline_module.decode
+
+    def spy(t2s, phone_ids, bert, prompt, sampling):
+        seen.update(phone_ids=phone_ids, bert=bert, prompt=prompt, sampling=sampling)
+        return real(t2s, phone_ids, bert, prompt, sampling)
+
+    monkeypatch.setattr(pipeline_module, "decode", spy)
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features("你好，世界。", Language.ALL_ZH)
+    pipe.synthesize_sentence(ref, sentence, _params(force_n_tokens=4, top_k=7), seed=42)
+    assert seen["phone_ids"].tolist() == ref.phone_ids + sentence.phone_ids
+    assert torch.equal(seen["bert"], torch.cat([ref.bert, sentence.bert], dim=1))
+    assert seen["bert"][:, : len(ref.phone_ids)].abs().sum() == 0  # English prompt: zeros
+    assert seen["bert"][:, len(ref.phone_ids) :].abs().sum() > 0  # Chinese sentence: BERT features
+    assert seen["prompt"] is ref.prompt_tokens
+    s = seen["sampling"]
+    assert (s.seed, s.top_k, s.force_n_tokens, s.max_new_tokens, s.repetition_penalty) == (
+        42,
+        7,
+        4,
+        None,
+        1.35,
+    )
