@@ -13,7 +13,7 @@ import pytest
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
 
 import voicehub
-from voicehub import AutoModelForTextToSpeech, TTSInferencer, apply_preset, list_presets
+from voicehub import AutoModelForTextToSpeech, ModelNotFoundError, TTSInferencer, apply_preset, list_presets
 from voicehub.models.gpt_sovits import GptSovitsModel, GptSovitsParams, Voice
 from voicehub.models.gpt_sovits.cli_commands import add_parsers, run
 from voicehub.models.gpt_sovits.files import detect
@@ -96,9 +96,6 @@ def test_from_pretrained_directory_and_explicit_paths(tiny_set):  # noqa: F811
     assert by_dir.files == inferred.files and explicit.files.sovits.name == "sovits_lora.pth"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="hub.py: with no name_or_path and no model_type it calls find_family(None)"
-)
 def test_from_pretrained_infers_the_type_from_the_gpt_checkpoint(tiny_set):  # noqa: F811
     model = AutoModelForTextToSpeech.from_pretrained(
         gpt_path=tiny_set / "gpt.ckpt", sovits_path=tiny_set / "sovits.pth",
@@ -193,3 +190,10 @@ def test_default_voice_serves_requests_without_one(tiny_set, reference_wav):  # 
     implicit = model.generate("Warm up.", **kw).audio
     explicit = model.generate("Warm up.", voice=Voice(reference_wav, REFERENCE_TEXT, "en"), **kw).audio
     assert np.array_equal(implicit, explicit)
+
+
+def test_from_pretrained_with_unrecognised_files_names_them(tmp_path):
+    stray = tmp_path / "notes.txt"
+    stray.write_text("not a checkpoint")
+    with pytest.raises(ModelNotFoundError, match="notes.txt"):
+        AutoModelForTextToSpeech.from_pretrained(gpt_path=stray)

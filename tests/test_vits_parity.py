@@ -107,9 +107,18 @@ def test_bad_params_name_the_fix(joe, params, fix):
         joe.generate("Hi.", **params)
 
 
+def test_speed_divides_the_length_scale(joe):
+    fast = joe.generate("Hello there.", seed=1, speed=1.25)
+    scaled = joe.generate("Hello there.", seed=1, length_scale=joe.voice.length_scale / 1.25)
+    assert np.array_equal(fast.audio, scaled.audio)
+    assert fast.duration < joe.generate("Hello there.", seed=1).duration
+    with pytest.raises(ValueError, match="speed must be > 0"):
+        joe.generate("Hi.", speed=0)
+
+
 def test_unknown_param_and_speaker_for_single_speaker_voice(joe):
-    with pytest.raises(TypeError, match="speed"):
-        joe.generate("Hi.", speed=1.2)
+    with pytest.raises(TypeError, match="pitch"):
+        joe.generate("Hi.", pitch=1.2)
     with pytest.raises(ValueError, match="single speaker"):
         joe.generate("Hi.", voice=0)
 

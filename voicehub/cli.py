@@ -16,6 +16,7 @@ from typing import Any
 
 from voicehub.bench import cli_commands as bench_commands
 from voicehub.errors import VoiceHubError
+from voicehub.models.gpt_sovits import cli_commands as gpt_sovits_commands
 from voicehub.server import cli_commands as server_commands
 
 EXIT_ERROR = 2
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list model families and installed voices")
     bench_commands.add_parsers(sub)
     server_commands.add_parsers(sub)
+    gpt_sovits_commands.add_parsers(sub)
     return parser
 
 
@@ -70,9 +72,7 @@ def _load_model(args: argparse.Namespace) -> Any:
 def _gen_params(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {"voice": args.voice, "seed": args.seed}
     if args.speed is not None:
-        if args.speed <= 0:
-            raise ValueError(f"--speed must be > 0, got {args.speed}")
-        params["length_scale"] = 1.0 / args.speed  # VITS: a longer scale is slower speech
+        params["speed"] = args.speed  # every family takes speed (1.0 = the voice's own rate)
     return params
 
 
@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in bench_commands.COMMANDS:
             return bench_commands.run(args)
+        if args.command == "make-checkpoint":
+            return gpt_sovits_commands.run(args)
         if args.command in ("serve", "voices"):
             server_commands.run(args)
             return 0

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from voicehub.models.base import TTSModel
-from voicehub.models.registry import find_family, get_family
+from voicehub.models.registry import find_family, find_family_for_files, get_family
 from voicehub.optimization.mixin import apply_load_time_config
 
 DEFAULT_MODEL = "en_US-joe-medium"  # the embedded Piper voice, installed with the package
@@ -43,6 +43,8 @@ class AutoModelForTextToSpeech:
             path = Path(name_or_path).expanduser() if name_or_path is not None else None
             if path is not None and not path.exists():
                 path = family.resolve(str(name_or_path)) or path
+        elif name_or_path is None:  # files named in kwargs only (gpt_path=, sovits_path=, ...)
+            family, path = find_family_for_files(kwargs), None
         else:
             family, path = find_family(name_or_path)
         model = family.load(path, device=device, dtype=dtype, lazy_load=lazy_load, **kwargs)

@@ -33,6 +33,20 @@ def get_family(model_type: str) -> ModelFamily:
     return family
 
 
+def find_family_for_files(options: dict[str, object]) -> ModelFamily:
+    """Which family loads the files named in load options (e.g. gpt_path=, sovits_path=), by content."""
+    files = [Path(v).expanduser() for v in options.values() if isinstance(v, (str, Path))]
+    files = [f for f in files if f.is_file()]
+    for family in (get_family(t) for t in known_model_types()):
+        if any(family.detect(f) for f in files):
+            return family
+    named = ", ".join(f"{k}={v!r}" for k, v in options.items() if isinstance(v, (str, Path)))
+    raise ModelNotFoundError(
+        f"no model family recognises the files given ({named or 'none'}); check the paths, or pass "
+        f"model_type= (known: {', '.join(known_model_types())})"
+    )
+
+
 def find_family(name_or_path: str | Path) -> tuple[ModelFamily, Path]:
     """Which family loads `name_or_path` (a path, or an installed voice's name), and the path to load."""
     path = Path(name_or_path).expanduser()

@@ -20,7 +20,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicehub.models.base import TTSModel
 from voicehub.server.config import Limits, ModelSpec
 from voicehub.server.errors import (
     BadRequestError,
@@ -37,18 +36,6 @@ from voicehub.types import AudioChunk
 log = logging.getLogger("voicehub.server")
 _END = object()
 _IDLE_POLL_S = 0.05  # how often an idle worker looks at its stop flag
-# How a request's speed reaches each family: VITS takes a length scale (its inverse); others `speed`.
-_SPEED_AS_LENGTH_SCALE = frozenset({"vits"})
-
-
-def speed_params(model: TTSModel, speed: float | None) -> dict[str, float]:
-    if speed is None:
-        return {}
-    if getattr(model, "model_type", "") in _SPEED_AS_LENGTH_SCALE:
-        return {"length_scale": 1.0 / speed}
-    return {"speed": speed}
-
-
 class Job:
     """One utterance to make. Created in a handler; the worker pushes chunks into it thread-safely."""
 
@@ -201,7 +188,7 @@ class Worker:
                 pinned = frozenset(a.job.spec.name for a in active)
                 model = self.pool.get(job.spec, pinned)
                 self.metrics.models_loaded.set(len(self.pool.loaded()))
-                params = {**job.params, **speed_params(model, job.speed)}
+                params = job.params if job.speed is None else {**job.params, "speed": job.speed}
                 try:
                     chunks = iter(model.stream(job.text, voice=job.voice, seed=job.seed, **params))
                 except TypeError as exc:  # unknown parameter names: the caller's mistake, named by the family

@@ -142,7 +142,8 @@ class VitsArchitecture:
 class VitsParams:
     """One request's synthesis settings; defaults come from the voice JSON's `inference` section.
 
-    length_scale: > 1 speaks slower (the CLI's --speed is its inverse); noise_scale: latent noise;
+    length_scale: > 1 speaks slower; `speed` (accepted by build, as every family takes it) divides
+    it: speed 1.5 is length_scale / 1.5; noise_scale: latent noise;
     noise_w: duration noise; sentence_silence: seconds of silence between sentences;
     window_frames / context_frames / crossfade_frames: the streaming decoder's latent windows.
     """
@@ -159,13 +160,18 @@ class VitsParams:
     @classmethod
     def build(cls, voice: VoiceConfig, **params: Any) -> VitsParams:
         """Defaults from `voice`, overridden by `params`; an unknown name raises TypeError naming it."""
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} | {"speed"}
         unknown = sorted(set(params) - names)
         if unknown:
             raise TypeError(
                 f"unknown VITS parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
             )
         base = cls(length_scale=voice.length_scale, noise_scale=voice.noise_scale, noise_w=voice.noise_w)
+        speed = params.pop("speed", None)
+        if speed is not None:
+            if not speed > 0:
+                raise ValueError(f"speed must be > 0 (1.0 is the voice's own rate), got {speed}")
+            params["length_scale"] = params.get("length_scale", base.length_scale) / speed
         built = replace(base, **params)
         built.validate()
         return built
