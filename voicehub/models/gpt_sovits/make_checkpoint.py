@@ -27,8 +27,7 @@ from voicehub.models.gpt_sovits.bert import BERT_FOLDER, make_bert_folder
 from voicehub.models.gpt_sovits.bigvgan import FOLDER_NAME as BIGVGAN_FOLDER
 from voicehub.models.gpt_sovits.bigvgan import make_bigvgan_folder
 from voicehub.models.gpt_sovits.files import PRETRAINED_FOLDER
-from voicehub.models.gpt_sovits.sovits import BASE_FILE, SoVITSV3Arch
-from voicehub.models.gpt_sovits.sovits import make as sovits_make
+from voicehub.models.gpt_sovits.sovits import BASE_FILE, SoVITSV3Arch, make_sovits_checkpoint
 from voicehub.models.gpt_sovits.ssl import HUBERT_FOLDER, hubert_config, make_hubert_folder
 from voicehub.models.gpt_sovits.t2s import load_t2s, logit_margins, make_t2s_checkpoint
 from voicehub.models.gpt_sovits.t2s.config import T2SConfig
@@ -65,35 +64,6 @@ def sovits_arch(size: str) -> SoVITSV3Arch:
     raise ValueError(f"unknown size {size!r}; valid sizes: {', '.join(SIZES)}")
 
 
-def write_sovits(path: Path, arch: SoVITSV3Arch, seed: int, lora_rank: int | None = None) -> Path:
-    """A random SoVITS v3 file of `arch` as upstream writes it (LoRA: "03" header, lora_rank, LoRA tensors).
-
-    Mirrors sovits.make.make_sovits_checkpoint, which fixes the architecture by size name: the set
-    needs a tiny SoVITS whose codebook and input width fit the tiny T2S and HuBERT.
-    """
-    model = sovits_make._random_model(arch, seed)
-    tensors = sovits_make._file_tensors(model)
-    hps, info = arch.to_hps(), "0epoch_0iteration"
-    if lora_rank is None:
-        sovits_make._save({"weight": tensors, "config": hps, "info": info}, path, None)
-        return path
-    if lora_rank < 1:
-        raise ValueError(f"lora_rank must be >= 1, got {lora_rank}")
-    gen = torch.Generator().manual_seed(seed + 1)
-    weight = {}
-    for name, shape in sovits_make.lora_file_layout(model, lora_rank).items():
-        if ".lora_" in name:  # nonzero B (unlike peft's init) so merging changes the model
-            weight[name] = (torch.randn(shape, generator=gen) * 0.1).half()
-        else:
-            prefix = sovits_make.LORA_PREFIX
-            plain = "cfm." + name[len(prefix) :] if name.startswith(prefix) else name
-            weight[name] = tensors[plain]
-    hps["train"]["lora_rank"] = lora_rank
-    record = {"weight": weight, "config": hps, "info": info, "lora_rank": lora_rank}
-    sovits_make._save(record, path, b"03")
-    return path
-
-
 def t2s_margins(gpt_path: Path, n_tokens: int, seed: int) -> dict[str, float]:
     """Greedy top-1 minus top-2 logit margins of the GPT file over n_tokens (EOS suppressed), on the CPU."""
     model, config = load_t2s(gpt_path, "cpu", torch.float32)
@@ -119,13 +89,12 @@ def make_checkpoint_set(
     pretrained.mkdir(parents=True, exist_ok=True)
     arch = sovits_arch(size)
     gpt = make_t2s_checkpoint(out / GPT_FILE, size, seed)
-    write_sovits(pretrained / BASE_FILE, arch, seed)
-    sovits = write_sovits(out / SOVITS_FILE, arch, seed + 1)
+    make_sovits_checkpoint(pretrained / BASE_FILE, seed=seed, arch=arch)
+    sovits = make_sovits_checkpoint(out / SOVITS_FILE, seed=seed + 1, arch=arch)
     lora = out / LORA_FILE
-    lora.parent.mkdir(parents=True, exist_ok=True)
     # The base's seed: a LoRA file's buffers (the codebook among them) are the base's, as upstream's
     # training freezes them; only the LoRA factors differ.
-    write_sovits(lora, arch, seed, lora_rank=lora_rank)
+    make_sovits_checkpoint(lora, seed=seed, lora_rank=lora_rank, arch=arch)
     make_hubert_folder(pretrained / HUBERT_FOLDER, size, seed)
     make_bert_folder(pretrained / BERT_FOLDER, size, seed)
     make_bigvgan_folder(pretrained / BIGVGAN_FOLDER, size, seed)

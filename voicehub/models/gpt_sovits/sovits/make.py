@@ -92,13 +92,16 @@ def make_sovits_checkpoint(
     seed: int = 0,
     lora_rank: int | None = None,
     version_header: bool = False,
+    arch: SoVITSV3Arch | None = None,
 ) -> Path:
     """Write a random-weight SoVITS v3 file; with `lora_rank`, a LoRA file for a base of the same size.
 
     A full file doubles as the base `s2Gv3.pth` of pretrained_models. `version_header` writes a
     non-LoRA file with the "02" (v3) header instead of the zip's "PK"; LoRA files always carry "03".
+    `arch`, when given, replaces the architecture `size` names (the GPT-SoVITS set maker needs a
+    tiny SoVITS whose input width and codebook fit the tiny HuBERT and T2S).
     """
-    arch = arch_for(size)
+    arch = arch_for(size) if arch is None else arch
     model = _random_model(arch, seed)
     tensors = _file_tensors(model)
     info = "0epoch_0iteration"
