@@ -108,7 +108,7 @@ def test_same_seed_same_mel_and_other_seed_differs(models):
 
 def test_reference_from_audio_through_voicehub_spectrograms(models):
     # The pipeline's reference features: 24 kHz log-mel for the prompt, 32 kHz linear spec for style.
-    from voicehub.audio.mel import V3_MEL, MelSpectrogram, linear_spectrogram
+    from voicehub.audio.mel import V3_MEL, MelSpectrogram, linear_spectrogram, norm_spec
 
     sovits, vocoder = models
     seconds = 1.6
@@ -128,6 +128,8 @@ def test_reference_from_audio_through_voicehub_spectrograms(models):
         mel,
     )
     assert prompt.mel.shape[2] == min(mel.shape[2], 150)
+    # encode_reference owns the normalisation: the prompt is norm_spec of the raw log-mel, applied once
+    torch.testing.assert_close(prompt.mel, norm_spec(mel)[:, :, : prompt.mel.shape[2]])
     codes, phones = _target(sovits, 16)
     audio = vocode(vocoder, decode_mel(sovits, prompt, codes, phones, 2))
     assert audio.shape == (1, 16 * SAMPLES_PER_TOKEN) and torch.isfinite(audio).all()

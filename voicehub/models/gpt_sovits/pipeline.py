@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from voicehub.audio.fades import fade_in, fade_out
-from voicehub.audio.load import sinc_hann_resample
 from voicehub.audio.mel import V3_MEL, MelSpectrogram
 from voicehub.errors import AudioFormatError, InvalidTextError
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
@@ -38,6 +37,7 @@ from voicehub.models.gpt_sovits.reference import (
     SpecConfig,
     Voice,
     load_reference_audio,
+    reference_log_mel,
     reference_spectrogram,
 )
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
@@ -174,9 +174,8 @@ class Pipeline:
         tokens = self.prompt_tokens(ref)
         phones = torch.tensor([prompt.phone_ids], dtype=torch.long, device=self.device)
         spec = reference_spectrogram(ref, SPEC, self.device).to(self.dtype)
-        acoustic = encode_reference(
-            self.sovits, tokens[None, None], phones, spec, self.reference_log_mel(ref)
-        )
+        log_mel = reference_log_mel(ref, self.mel, self.device).to(self.dtype)  # encode_reference normalises
+        acoustic = encode_reference(self.sovits, tokens[None, None], phones, spec, log_mel)
         return ReferenceFeatures(prompt_text, tokens, prompt.phone_ids, prompt.bert, acoustic)
 
     def prompt_tokens(self, ref: ReferenceAudio) -> torch.Tensor:
@@ -185,12 +184,6 @@ class Pipeline:
         ssl = self.hubert(wav16k, pad_samples=reference_pad_samples(SPEC.sample_rate))  # [1, 768, T]
         codes = self.sovits.extract_latent(ssl.to(self.dtype))  # [n_q, 1, T // 2]
         return codes[0, 0]
-
-    def reference_log_mel(self, ref: ReferenceAudio) -> torch.Tensor:
-        """The reference's 24 kHz log-mel [1, 100, T], not normalised (encode_reference normalises it)."""
-        audio = torch.from_numpy(ref.audio).to(self.device)[None]
-        audio = sinc_hann_resample(audio, ref.sample_rate, V3_MEL.sample_rate)
-        return self.mel(audio).to(self.dtype)
 
     # -- one sentence ----------------------------------------------------------------------------
 

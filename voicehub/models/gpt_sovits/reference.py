@@ -4,7 +4,7 @@ Upstream v3 (TTS_infer_pack/TTS.py `set_ref_audio`, `_set_prompt_semantic`, `_ge
 of `using_vocoder_synthesis`) reads the reference three ways, all reproduced here:
 - 16 kHz with librosa.load (soxr_hq) for HuBERT, refused outside 48,000..160,000 samples (3-10 s);
 - the SoVITS rate (32 kHz for v3) with torchaudio's resampler, peak-limited, for the linear spectrogram;
-- 24 kHz with torchaudio's resampler for the CFM prompt mel, then `norm_spec`.
+- 24 kHz with torchaudio's resampler for the CFM prompt's log-mel (`encode_reference` then applies `norm_spec`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from voicehub.audio.load import ResampleMethod, read_audio, resample, sinc_hann_resample
-from voicehub.audio.mel import V3_MEL, MelSpectrogram, linear_spectrogram, norm_spec
+from voicehub.audio.mel import V3_MEL, MelSpectrogram, linear_spectrogram
 from voicehub.errors import InvalidTextError, VoiceHubError
 from voicehub.models.gpt_sovits.ssl import HUBERT_SAMPLE_RATE
 from voicehub.text.options import Language, parse_language
@@ -109,12 +109,15 @@ def reference_spectrogram(
     return linear_spectrogram(audio, config.n_fft, config.hop_length, config.win_length)
 
 
-def reference_mel(
+def reference_log_mel(
     ref: ReferenceAudio, mel: MelSpectrogram | None = None, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
-    """The CFM prompt mel, upstream v3: 24 kHz log-mel through `norm_spec`, [1, 100, T] float32."""
+    """The reference's 24 kHz log-mel (upstream v3 `mel_fn`), [1, 100, T] float32, *not* normalised.
+
+    `sovits.encode_reference` applies `norm_spec` to it, once, as upstream does after `mel_fn`.
+    """
     mel = (mel or MelSpectrogram(V3_MEL)).to(device)
-    return norm_spec(mel(_at_rate(ref, mel.config.sample_rate, device)))
+    return mel(_at_rate(ref, mel.config.sample_rate, device))
 
 
 def file_digest(path: str | Path) -> str:
