@@ -95,6 +95,14 @@ def test_cache_by_content_and_model(tmp_path):
     assert calls == ["a1", "a2", "b1", "a1'"] and (cache.hits, cache.misses) == (1, 4) and len(cache) == 2
 
 
+def test_cache_names_a_missing_file(tmp_path):
+    cache = ReferenceCache()
+    for missing in (tmp_path / "gone.wav", tmp_path):  # no file, and a folder
+        with pytest.raises(AudioFormatError, match=f"{missing.name}.*does not exist"):
+            cache.get_or_compute(missing, "m", lambda: 1)
+    assert cache.misses == 0 and len(cache) == 0
+
+
 def test_cache_capacity_zero_and_threads(tmp_path):
     a = tmp_path / "a.wav"
     _write(a, 3.2)

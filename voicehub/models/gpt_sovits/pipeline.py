@@ -27,7 +27,7 @@ import torch
 
 from voicehub.audio.fades import fade_in, fade_out
 from voicehub.audio.mel import V3_MEL, MelSpectrogram
-from voicehub.errors import AudioFormatError, InvalidTextError
+from voicehub.errors import InvalidTextError
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.params import GptSovitsParams
@@ -152,10 +152,6 @@ class Pipeline:
         """The voice's reference features, from the cache when this file content and prompt were seen."""
         lang = language or voice.prompt_language
         prompt_text = ensure_final_mark(voice.prompt_text, lang)
-        if not voice.ref_audio_path.is_file():  # the cache hashes the file first: say what is wrong here
-            raise AudioFormatError(
-                f"reference audio {str(voice.ref_audio_path)!r} does not exist or is not a file"
-            )
         return self.cache.get_or_compute(
             voice.ref_audio_path,
             self.model_id,

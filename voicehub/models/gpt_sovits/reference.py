@@ -22,7 +22,7 @@ import torch
 
 from voicehub.audio.load import ResampleMethod, read_audio, resample, sinc_hann_resample
 from voicehub.audio.mel import V3_MEL, MelSpectrogram, linear_spectrogram
-from voicehub.errors import InvalidTextError, VoiceHubError
+from voicehub.errors import AudioFormatError, InvalidTextError, VoiceHubError
 from voicehub.models.gpt_sovits.ssl import HUBERT_SAMPLE_RATE
 from voicehub.text.options import Language, parse_language
 
@@ -152,8 +152,18 @@ class ReferenceCache:
     def get_or_compute(
         self, path: str | Path, model_id: str, compute: Callable[[], Any], extra: Hashable = None
     ) -> Any:
-        """The cached value for this file content and model, else `compute()` (stored, oldest entry evicted)."""
-        key = (file_digest(path), model_id, extra)
+        """The cached value for this file content and model, else `compute()` (stored, oldest entry evicted).
+
+        Raises AudioFormatError naming the file when it is missing or cannot be read (it is hashed first).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise AudioFormatError(f"reference audio {str(path)!r} does not exist or is not a file")
+        try:
+            digest = file_digest(path)
+        except OSError as exc:  # unreadable (permissions), or removed since the check
+            raise AudioFormatError(f"cannot read reference audio {str(path)!r}: {exc.strerror}") from exc
+        key = (digest, model_id, extra)
         with self._lock:
             if key in self._entries:
                 self.hits += 1
