@@ -143,7 +143,7 @@ def test_registry_voice_by_name(tiny_set, reference_wav, tmp_path):  # noqa: F81
     from voicehub.voices import VoiceRegistry
 
     registry = VoiceRegistry(tmp_path / "data")
-    registry.add("fox", "gpt_sovits", reference_audio=reference_wav, transcript=REFERENCE_TEXT, language="en")
+    registry.add("fox", "gpt-sovits-v3", reference_audio=reference_wav, transcript=REFERENCE_TEXT, language="en")
     model = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, voice_registry=registry)
     out = model.generate("By name.", voice="fox", seed=0, force_n_tokens=4, speed=1.0, how_to_cut="none")
     assert out.audio.shape == (4 * SAMPLES_PER_TOKEN,)

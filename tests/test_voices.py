@@ -28,7 +28,11 @@ def _files(registry: VoiceRegistry) -> set[str]:
 def test_add_get_update_delete_round_trip(tmp_path):
     reg = VoiceRegistry(tmp_path)
     v = reg.add(
-        "narrator", "gpt_sovits", reference_audio=wav_bytes(4.0, 44100, channels=2), **GS, params={"top_k": 5}
+        "narrator",
+        "gpt-sovits-v3",
+        reference_audio=wav_bytes(4.0, 44100, channels=2),
+        **GS,
+        params={"top_k": 5},
     )
     assert v.reference_audio.is_file() and v.reference_audio.parent == reg.audio_dir
     audio, rate = sf.read(v.reference_audio)
@@ -41,7 +45,7 @@ def test_add_get_update_delete_round_trip(tmp_path):
     assert v2.transcript.startswith("Others") and v2.language == "en" and abs(v2.duration_s - 5.0) < 1e-3
     assert not old_file.exists() and _files(reg) == {v2.reference_audio.name}
     with pytest.raises(VoiceExistsError):
-        reg.add("narrator", "gpt_sovits", reference_audio=wav_bytes(4.0), **GS)
+        reg.add("narrator", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), **GS)
     reg.delete("narrator")
     assert reg.list() == [] and _files(reg) == set()
     with pytest.raises(VoiceNotFoundError, match="no voice named 'narrator'"):
@@ -52,7 +56,7 @@ def test_add_get_update_delete_round_trip(tmp_path):
 def test_unsafe_names_are_refused(tmp_path, name):
     reg = VoiceRegistry(tmp_path)
     with pytest.raises(VoiceError, match="invalid voice name"):
-        reg.add(name, "gpt_sovits", reference_audio=wav_bytes(4.0), **GS)
+        reg.add(name, "gpt-sovits-v3", reference_audio=wav_bytes(4.0), **GS)
     assert _files(reg) == set()
 
 
@@ -69,24 +73,35 @@ def test_unsafe_names_are_refused(tmp_path, name):
 def test_bad_reference_audio_stores_nothing(tmp_path, audio, error):
     reg = VoiceRegistry(tmp_path)
     with pytest.raises((VoiceError, AudioFormatError), match=error):
-        reg.add("v", "gpt_sovits", reference_audio=audio, **GS)
+        reg.add("v", "gpt-sovits-v3", reference_audio=audio, **GS)
     assert reg.list() == [] and _files(reg) == set()
 
 
 def test_gpt_sovits_voice_needs_transcript_language_audio(tmp_path):
     reg = VoiceRegistry(tmp_path)
     with pytest.raises(VoiceError, match="needs reference audio"):
-        reg.add("v", "gpt_sovits", **GS)
+        reg.add("v", "gpt-sovits-v3", **GS)
     with pytest.raises(VoiceError, match="transcript"):
-        reg.add("v", "gpt_sovits", reference_audio=wav_bytes(4.0), language="en")
+        reg.add("v", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), language="en")
     with pytest.raises(VoiceError, match="unknown language .klingon"):
-        reg.add("v", "gpt_sovits", reference_audio=wav_bytes(4.0), transcript="hi", language="klingon")
+        reg.add("v", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), transcript="hi", language="klingon")
     assert (
         reg.add(
-            "v", "gpt_sovits", reference_audio=wav_bytes(4.0), transcript="hi", language="English"
+            "v", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), transcript="hi", language="English"
         ).language
         == "en"
     )
+
+
+def test_legacy_family_name_is_translated_at_the_registry_edge(tmp_path):
+    reg = VoiceRegistry(tmp_path)
+    assert reg.add("new", "gpt_sovits", reference_audio=wav_bytes(4.0), **GS).family == "gpt-sovits-v3"
+    reg.add("stored", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), **GS)
+    with sqlite3.connect(reg.db_path) as db:  # a row as an older registry wrote it
+        db.execute("UPDATE voices SET family = 'gpt_sovits' WHERE name = 'stored'")
+    assert [v.family for v in VoiceRegistry(tmp_path).list()] == ["gpt-sovits-v3"] * 2
+    with pytest.raises(VoiceError, match="invalid family"):
+        reg.add("bad", "GPT SoVITS", reference_audio=wav_bytes(4.0), **GS)
 
 
 def test_failed_commit_leaves_neither_file_nor_row(tmp_path, monkeypatch):
@@ -98,7 +113,7 @@ def test_failed_commit_leaves_neither_file_nor_row(tmp_path, monkeypatch):
 
     monkeypatch.setattr(reg, "_transaction", failing)
     with pytest.raises(sqlite3.OperationalError):
-        reg.add("v", "gpt_sovits", reference_audio=wav_bytes(4.0), **GS)
+        reg.add("v", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), **GS)
     assert _files(reg) == set()
     monkeypatch.setattr(reg, "_transaction", real)
     assert reg.list() == []
@@ -106,7 +121,7 @@ def test_failed_commit_leaves_neither_file_nor_row(tmp_path, monkeypatch):
 
 def test_failed_update_keeps_the_old_voice_whole(tmp_path, monkeypatch):
     reg = VoiceRegistry(tmp_path)
-    old = reg.add("v", "gpt_sovits", reference_audio=wav_bytes(4.0), **GS)
+    old = reg.add("v", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), **GS)
     monkeypatch.setattr(reg, "_transaction", lambda: (_ for _ in ()).throw(OSError("simulated crash")))
     with pytest.raises(OSError):
         reg.update("v", reference_audio=wav_bytes(6.0), transcript="new")
@@ -125,7 +140,7 @@ def test_failed_audio_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sf, "write", half_write)
     with pytest.raises(OSError, match="no space"):
-        reg.add("v", "gpt_sovits", reference_audio=wav_bytes(4.0), **GS)
+        reg.add("v", "gpt-sovits-v3", reference_audio=wav_bytes(4.0), **GS)
     monkeypatch.setattr(sf, "write", real_write)
     assert _files(reg) == set() and reg.list() == []
 
@@ -146,7 +161,7 @@ WRITER = textwrap.dedent(
         elif name in reg:
             reg.update(name, reference_audio=audio[i % 4], transcript=f"take {{i}}")
         else:
-            reg.add(name, "gpt_sovits", reference_audio=audio[i % 4], transcript=f"take {{i}}", language="en")
+            reg.add(name, "gpt-sovits-v3", reference_audio=audio[i % 4], transcript=f"take {{i}}", language="en")
     """
 )
 
@@ -186,7 +201,7 @@ def test_cli_voices_add_list_show_remove(tmp_path, capsys):
 
     run("add", "hero", "--audio", str(ref), "--transcript", "Hello there.", "--language", "en", "--param", "top_k=5",
         "--model-file", "gpt_path=s1.ckpt")  # fmt: skip
-    assert run("list").split("\t")[:3] == ["hero", "gpt_sovits", "en"]
+    assert run("list").split("\t")[:3] == ["hero", "gpt-sovits-v3", "en"]
     shown = run("show", "hero")
     assert '"top_k": 5' in shown and "s1.ckpt" in shown
     run("remove", "hero")

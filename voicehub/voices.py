@@ -36,10 +36,15 @@ MAX_TRANSCRIPT_CHARS = 1000
 DB_FILE = "voices.sqlite3"
 AUDIO_DIR = "voices"
 _PART_SUFFIX = ".part"
+GPT_SOVITS_FAMILY = "gpt-sovits-v3"  # a voice's family is the model_type of the hub family that runs it
 # Families whose voices are cloned from reference audio, and the rate each stores it at. None keeps
 # the file's own rate: GPT-SoVITS resamples the reference itself to 16, 24 and 32 kHz, and
 # resampling it once more here would change its features.
-REFERENCE_FAMILIES: dict[str, int | None] = {"gpt_sovits": None}
+REFERENCE_FAMILIES: dict[str, int | None] = {GPT_SOVITS_FAMILY: None}
+# Registries written before families were named by model type stored GPT-SoVITS voices as
+# "gpt_sovits". The old name is translated here, at the registry's edge (writes, and the stored rows
+# when a registry is opened), and nowhere else.
+LEGACY_FAMILIES = {"gpt_sovits": GPT_SOVITS_FAMILY}
 
 
 class VoiceError(VoiceHubError, ValueError):
@@ -133,9 +138,14 @@ def decode_reference(
     return np.ascontiguousarray(mono, dtype=np.float32), int(rate)
 
 
+def canonical_family(family: str) -> str:
+    """The family's model type, translating the legacy name ('gpt_sovits' -> 'gpt-sovits-v3')."""
+    return LEGACY_FAMILIES.get(family, family) if isinstance(family, str) else family
+
+
 def _canonical_language(family: str, language: str) -> str:
     """GPT-SoVITS voices store the language code its text frontend reads ('en', 'all_zh', ...)."""
-    if family != "gpt_sovits" or not isinstance(language, str) or not language.strip():
+    if family != GPT_SOVITS_FAMILY or not isinstance(language, str) or not language.strip():
         return language
     from voicehub.text.options import parse_language
 
@@ -171,6 +181,9 @@ class VoiceRegistry:
                 "model_files TEXT NOT NULL, audio_file TEXT, transcript TEXT NOT NULL, language TEXT NOT NULL, "
                 "params TEXT NOT NULL, sample_rate INTEGER, duration_s REAL, created_at REAL, updated_at REAL)"
             )
+        with self._transaction() as db:
+            for old, new in LEGACY_FAMILIES.items():
+                db.execute("UPDATE voices SET family = ? WHERE family = ?", (new, old))
         self.sweep()
 
     @contextmanager
@@ -286,8 +299,10 @@ class VoiceRegistry:
     def _check_fields(
         self, family: str, transcript: str, language: str, files: dict, params: dict, has_audio: bool
     ) -> None:
-        if not isinstance(family, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", family):
-            raise VoiceError(f"invalid family {family!r}: a model type such as 'gpt_sovits' or 'vits'")
+        if not isinstance(family, str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", family):
+            raise VoiceError(
+                f"invalid family {family!r}: a model type such as '{GPT_SOVITS_FAMILY}' or 'vits'"
+            )
         if not isinstance(transcript, str) or len(transcript) > MAX_TRANSCRIPT_CHARS:
             raise VoiceError(f"transcript must be text of at most {MAX_TRANSCRIPT_CHARS} characters")
         if not isinstance(language, str) or len(language) > 32:
@@ -326,6 +341,7 @@ class VoiceRegistry:
         old: VoiceEntry | None,
     ) -> VoiceEntry:
         files, params = dict(files or {}), dict(params or {})
+        family = canonical_family(family)
         language = _canonical_language(family, language)
         has_audio = audio is not None or (old is not None and old.reference_audio is not None)
         self._check_fields(family, transcript, language, files, params, has_audio)

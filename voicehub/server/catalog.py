@@ -1,7 +1,7 @@
 """What `model` and `voice` names in a request mean.
 
 - a voice names a configured model (its own default speaker), a voice from the config file, or
-  a registry voice; a model names a configured model or a model family ('gpt_sovits', 'vits');
+  a registry voice; a model names a configured model or a model family ('gpt-sovits-v3', 'vits');
 - OpenAI's names (`tts-1`, `alloy`, ...) mean something only through the config's alias tables;
 - anything else is a 404 that lists the valid names. No unknown name falls back to a default.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from voicehub.server.config import ModelSpec, ServerConfig
 from voicehub.server.errors import BadRequestError, NotFoundError
 from voicehub.server.pool import spec_key
-from voicehub.voices import VoiceEntry, VoiceNotFoundError, VoiceRegistry
+from voicehub.voices import GPT_SOVITS_FAMILY, VoiceEntry, VoiceNotFoundError, VoiceRegistry, canonical_family
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Target:
 
 def model_voice(entry: VoiceEntry) -> Any:
     """What a family's `stream(voice=...)` takes for a registry voice."""
-    if entry.family == "gpt_sovits":
+    if entry.family == GPT_SOVITS_FAMILY:
         from voicehub.models.gpt_sovits.reference import Voice
 
         return Voice(entry.reference_audio, entry.transcript, entry.language)
@@ -41,7 +41,7 @@ def _config_entry(name: str, table: dict[str, Any]) -> VoiceEntry:
     audio = table.get("reference_audio")
     return VoiceEntry(
         name=name,
-        family=str(table.get("family", "")),
+        family=canonical_family(str(table.get("family", ""))),
         model_files=dict(table.get("model_files", {})),
         reference_audio=Path(audio).expanduser() if audio else None,
         transcript=str(table.get("transcript", "")),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from voicehub.server.config import ModelSpec, ServerConfig, load_config
+from voicehub.voices import GPT_SOVITS_FAMILY
 
 
 def add_parsers(sub: Any) -> None:
@@ -42,7 +43,11 @@ def add_parsers(sub: Any) -> None:
     remove.add_argument("name")
     add = vsub.add_parser("add", help="add a voice (GPT-SoVITS: reference audio, transcript, language)")
     add.add_argument("name")
-    add.add_argument("--family", default="gpt_sovits", help="model family (default gpt_sovits)")
+    add.add_argument(
+        "--family",
+        default=GPT_SOVITS_FAMILY,
+        help=f"model family: its model type (default {GPT_SOVITS_FAMILY})",
+    )
     add.add_argument("--audio", type=Path, default=None, help="reference audio file, 3-10 s")
     add.add_argument("--transcript", default="", help="what is said in the reference audio")
     add.add_argument("--language", default="", help="its language: en, zh, ja, ko, yue, auto, ...")

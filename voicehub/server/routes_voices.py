@@ -110,7 +110,7 @@ async def add_voice(request: Request) -> JSONResponse:
     fields, audio = await _voice_form(request, state)
     if "name" not in fields or "family" not in fields:
         raise BadRequestError(
-            "a new voice needs 'name' and 'family' (and for gpt_sovits: audio, transcript, language)"
+            "a new voice needs 'name' and 'family' (and for gpt-sovits-v3: audio, transcript, language)"
         )
     _writable(state, fields["name"])
     name, family = fields.pop("name"), fields.pop("family")

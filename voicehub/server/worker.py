@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from voicehub.models.base import TTSModel
 from voicehub.server.config import Limits, ModelSpec
 from voicehub.server.errors import (
     BadRequestError,
@@ -32,10 +33,13 @@ from voicehub.server.errors import (
 from voicehub.server.metrics import Metrics
 from voicehub.server.pool import ModelPool
 from voicehub.types import AudioChunk
+from voicehub.voices import REFERENCE_FAMILIES
 
 log = logging.getLogger("voicehub.server")
 _END = object()
 _IDLE_POLL_S = 0.05  # how often an idle worker looks at its stop flag
+
+
 class Job:
     """One utterance to make. Created in a handler; the worker pushes chunks into it thread-safely."""
 
@@ -149,14 +153,30 @@ class Worker:
     def _preload(self) -> None:
         try:
             for spec in self._preload_specs:
-                model = self.pool.get(spec)
-                if self._warmup_text:  # first-request costs (allocations, graph capture) happen here
-                    for _ in model.stream(self._warmup_text):
-                        pass
+                self._warm_up(spec, self.pool.get(spec))
             self.ready.set()
         except Exception as exc:  # the worker keeps serving models that do load; /ready says why not
             self.startup_error = f"preloading failed: {type(exc).__name__}: {exc}"
             log.error(self.startup_error)
+
+    def _warm_up(self, spec: ModelSpec, model: TTSModel) -> None:
+        """Pay first-request costs (allocations, graph capture) now, with no voice: the model's default.
+
+        A family that clones a reference voice refuses a request without one, so its model is warmed
+        up only when its spec gives the family's `default_voice` load option.
+        """
+        if not self._warmup_text:
+            return
+        if model.model_type in REFERENCE_FAMILIES and spec.options.get("default_voice") is None:
+            log.warning(
+                "not warming up model %r: a %s model needs a voice; give it options.default_voice "
+                "to warm it up at start",
+                spec.name,
+                model.model_type,
+            )
+            return
+        for _ in model.stream(self._warmup_text):
+            pass
 
     def _run(self) -> None:
         self._preload()

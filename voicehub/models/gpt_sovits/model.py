@@ -25,7 +25,6 @@ from voicehub.text.limits import check_text
 from voicehub.types import AudioChunk
 
 MODEL_TYPE = "gpt-sovits-v3"
-REGISTRY_FAMILIES = ("gpt_sovits", MODEL_TYPE)  # family names a registry voice may carry
 
 
 def build_pipeline(
@@ -133,7 +132,7 @@ class GptSovitsModel(TTSModel):
                 "voice=Voice(ref_audio_path, prompt_text, prompt_language), or load with voice_registry="
             )
         entry = self.voice_registry.get(voice)  # VoiceNotFoundError lists the known names
-        if entry.family not in REGISTRY_FAMILIES or entry.reference_audio is None:
+        if entry.family != MODEL_TYPE or entry.reference_audio is None:
             raise ValueError(f"registry voice {voice!r} is a {entry.family} voice, not a GPT-SoVITS one")
         return Voice(entry.reference_audio, entry.transcript, entry.language)
 
