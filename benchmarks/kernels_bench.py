@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import socket
 import statistics
@@ -179,10 +180,18 @@ def snake_stages(mel_len: int) -> list[tuple[int, int, int]]:
     return stages
 
 
-def bench_snake(rows: list[Row], args: argparse.Namespace) -> None:
-    from voicehub.models.gpt_sovits.bigvgan.activation import kaiser_sinc_filter
+def lowpass_filter() -> torch.Tensor:
+    """BigVGAN's 12-tap kaiser-windowed sinc (cutoff 0.25, half-width 0.3) [1, 1, 12]; designed here
+    so this section does not import the model package (whose audio deps a GPU box may lack)."""
+    half, delta_f = 6, 4 * 0.3
+    attenuation = 2.285 * (half - 1) * math.pi * delta_f + 7.95
+    window = torch.kaiser_window(12, beta=0.1102 * (attenuation - 8.7), periodic=False)
+    filt = 0.5 * window * torch.sinc(0.5 * (torch.arange(-half, half) + 0.5))
+    return (filt / filt.sum()).view(1, 1, 12)
 
-    filt = kaiser_sinc_filter(0.25, 0.3, 12).cuda()
+
+def bench_snake(rows: list[Row], args: argparse.Namespace) -> None:
+    filt = lowpass_filter().cuda()
     for mel_len in args.mel_lengths:
         for ch, t, n_acts in snake_stages(mel_len):
             for dtype in args.dtypes:
@@ -244,29 +253,37 @@ def bench_vocoder(rows: list[Row], args: argparse.Namespace) -> None:
     from voicehub.models.gpt_sovits.bigvgan.checkpoint import load_bigvgan, make_bigvgan_folder
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = load_bigvgan(make_bigvgan_folder(tmp, "full", seed=0))
-    for dtype in args.dtypes:
-        vocoder = model.to(device="cuda", dtype=DTYPES[dtype])
-        for mel_len in args.mel_lengths:
-            g = torch.Generator(device="cuda").manual_seed(mel_len)
-            mel = (torch.randn(1, 100, mel_len, device="cuda", generator=g) * 2 - 6).to(DTYPES[dtype])
-            with torch.inference_mode():
-                want = vocoder(mel)
+        vocoder = load_bigvgan(make_bigvgan_folder(tmp, "full", seed=0)).cuda()
+    mels = {}
+    for mel_len in args.mel_lengths:
+        g = torch.Generator(device="cuda").manual_seed(mel_len)
+        mels[mel_len] = torch.randn(1, 100, mel_len, device="cuda", generator=g) * 2 - 6
+    with torch.inference_mode():
+        want32 = {n: vocoder(mel) for n, mel in mels.items()}  # float32 reference activations
+        for dtype in args.dtypes:
+            vocoder = vocoder.to(DTYPES[dtype])
+            for mel_len, mel in mels.items():
+                mel = mel.to(DTYPES[dtype])
+                own_error = rel_l2(vocoder(mel), want32[mel_len])  # the reference's own rounding
                 for name, fn in impls(ANTI_ALIAS_SNAKE):
                     row = Row("bigvgan_forward", f"mel{mel_len}", dtype, name)
-                    run_variant(
-                        rows,
-                        row,
-                        partial(_time_vocoder, vocoder=vocoder, kernel=fn, mel=mel, want=want, args=args),
-                    )
+                    row.extra["reference_rel_l2_vs_fp32"] = own_error
+                    run_variant(rows, row, partial(_time_vocoder, vocoder=vocoder, kernel=fn, mel=mel,
+                                                   want=want32[mel_len], args=args))  # fmt: skip
 
 
 def _time_vocoder(row: Row, vocoder, kernel, mel: torch.Tensor, want: torch.Tensor, args) -> None:
+    """rel_l2 is against the float32 reference; passes within the float32 tolerance (1e-3)
+    or, in float16, no worse than 1.25x the float16 reference's own error (random full-size
+    weights amplify rounding through ~100 layers, so the per-op tolerance does not carry over)."""
     audio_s = mel.shape[-1] * vocoder.conf.hop_size / vocoder.conf.sampling_rate
     previous = vocoder.set_activation_kernel(kernel)
     try:
         row.rel_l2 = rel_l2(vocoder(mel), want)
-        row.passed = row.rel_l2 <= TOLERANCE[row.dtype]
+        allowed = TOLERANCE["float32"]
+        if row.dtype != "float32":
+            allowed = max(allowed, 1.25 * row.extra["reference_rel_l2_vs_fp32"])
+        row.passed = row.rel_l2 <= allowed
         reps = max(3, args.reps // 5)
         row.eager_ms = time_eager(lambda: vocoder(mel), 2, reps)
         row.graph_ms = time_graph([lambda: vocoder(mel)], 2, reps)
@@ -310,6 +327,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_calls": args.warmup, "reps": args.reps, "graph_calls": GRAPH_CALLS,
         "timing": "eager: median of per-call CUDA-event times; graph: median replay / calls per graph",
         "tolerance_rel_l2": TOLERANCE,
+        "tf32": False,
+        "time_unit_in_table": "microseconds (JSON: *_ms in milliseconds)",
     }  # fmt: skip
 
 
@@ -331,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown dtypes {sorted(unknown)}; valid: {', '.join(DTYPES)}")
     if not torch.cuda.is_available():
         p.error("no CUDA GPU: this benchmark runs on a GPU (the CPU tests cover the interpreter)")
+    # float32 means float32: TF32 convolutions/matmuls would put ~1e-3 rounding into the references
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     sections = {"snake": bench_snake, "layer_norm": bench_layer_norm, "attention": bench_attention}
     rows: list[Row] = []
     started = time.time()
