@@ -37,9 +37,9 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def frontend(cache_dir):
-    # The Korean strategy writes NLTK's cmudict corpus under XDG_CACHE_HOME on first use.
+    # The Korean strategy writes NLTK's cmudict corpus into VoiceHub's cache on first use.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(cache_dir))
+        patch.setenv("VOICEHUB_CACHE", str(cache_dir))
         yield TextFrontend()
 
 
@@ -92,7 +92,7 @@ def test_korean_start_downloads_and_installs_nothing(tmp_path, monkeypatch):
         "from voicehub.text.ko import KoreanG2P\n"
         "print(''.join(KoreanG2P().g2p('안녕')[0]))\n"
     )
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env = {**os.environ, "VOICEHUB_CACHE": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
@@ -102,8 +102,8 @@ def test_korean_start_downloads_and_installs_nothing(tmp_path, monkeypatch):
     import nltk
     from nltk.corpus.reader import CMUDictCorpusReader
 
-    data_dir = str(tmp_path / "voicehub" / "nltk_data")
-    assert (tmp_path / "voicehub" / "nltk_data" / "corpora" / "cmudict.zip").is_file()
+    data_dir = str(tmp_path / "nltk_data")
+    assert (tmp_path / "nltk_data" / "corpora" / "cmudict.zip").is_file()
     monkeypatch.setattr(nltk.data, "path", [data_dir])  # NLTK opens zips only on its own search path
     root = nltk.data.find("corpora/cmudict.zip/cmudict/")
     reader = CMUDictCorpusReader(root, ["cmudict"])

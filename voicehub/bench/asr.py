@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from voicehub.errors import MissingDependencyError
+from voicehub.paths import cache_dir
 
 WHISPER_RATE = 16_000  # Hz, what Whisper reads
 _BASE_SMALL_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
@@ -24,11 +25,6 @@ _BASE_SMALL_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 class WhisperSize(StrEnum):
     BASE = "base"
     TINY_EN = "tiny.en"
-
-
-def cache_dir() -> Path:
-    """Where VoiceHub keeps files it assembles: $VOICEHUB_CACHE, else ~/.cache/voicehub."""
-    return Path(os.environ.get("VOICEHUB_CACHE", Path.home() / ".cache" / "voicehub"))
 
 
 def _need(module: str, extra: str = "quality"):

@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 from voicehub.errors import MissingDependencyError
+from voicehub.paths import cache_dir
 from voicehub.text.symbols import is_symbol
 
 _INSTALL = 'pip install "voicehub[ko]"'
@@ -67,9 +68,8 @@ def _require(module: str, package: str) -> None:
 
 
 def default_nltk_data_dir() -> Path:
-    """Where the cmudict corpus for g2pk2 is written: $XDG_CACHE_HOME/voicehub/nltk_data (~/.cache)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "voicehub" / "nltk_data"
+    """Where the cmudict corpus for g2pk2 is written: nltk_data in VoiceHub's cache ($VOICEHUB_CACHE)."""
+    return cache_dir() / "nltk_data"
 
 
 def ensure_nltk_cmudict(data_dir: Path) -> None:
