@@ -261,7 +261,7 @@ def test_ckpt_missing_tensor_is_named(tmp_path, tiny_net):
 
 
 def test_ckpt_unexpected_and_misshaped_tensors(tmp_path, tiny_net):
-    from voicehub.models.vits.weights import load_strict
+    from voicehub.models.checkpoints import load_strict
 
     state = dict(tiny_net.state_dict())
     state["dec.extra.weight"] = torch.zeros(1)

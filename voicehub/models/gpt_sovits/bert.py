@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from voicehub.errors import ModelNotFoundError
-from voicehub.models.gpt_sovits.ssl import find_weights, import_transformers, load_state_strict, read_weights
+from voicehub.models.checkpoints import load_strict
+from voicehub.models.gpt_sovits.ssl import CONFIG_MODEL, find_weights, import_transformers, read_weights
 
 BERT_FOLDER = "chinese-roberta-wwm-ext-large"  # its name inside upstream's pretrained_models/
 BERT_FEATURE_DIM = 1024  # hidden size of chinese-roberta-wwm-ext-large; the T2S bert_proj input
@@ -76,7 +77,7 @@ class BertFeatureExtractor(torch.nn.Module):
             model = transformers.BertModel(config, add_pooling_layer=False)
         weights = find_weights(folder)
         state = {k: v for k, v in read_weights(weights).items() if not k.startswith(IGNORED_PREFIXES)}
-        load_state_strict(model, _strip_prefix(state), weights, optional=OPTIONAL_KEYS)
+        load_strict(model, _strip_prefix(state), weights, model=CONFIG_MODEL, optional=OPTIONAL_KEYS)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         return cls(model.to(device=device, dtype=dtype).eval(), tokenizer, folder)
 

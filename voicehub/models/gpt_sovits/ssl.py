@@ -13,12 +13,13 @@ code path can reach a model hub.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from voicehub.errors import CheckpointError, MissingDependencyError, ModelNotFoundError
+from voicehub.models.checkpoints import load_strict, rename_weight_norm
 
 HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
 HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
@@ -26,6 +27,7 @@ HUBERT_FRAME_SAMPLES = 320  # 16 kHz samples per output frame (conv strides 5 * 
 REFERENCE_PAD_FACTOR = 0.3  # upstream: zeros = int(sovits data.sampling_rate * 0.3) samples
 V3_SOVITS_SAMPLE_RATE = 32000  # v3 SoVITS data.sampling_rate (reference spectrogram rate)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+CONFIG_MODEL = "the model from its config.json"  # what a transformers folder's weights must match
 
 
 def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> int:
@@ -65,59 +67,6 @@ def find_weights(folder: Path) -> Path:
     raise ModelNotFoundError(f"no weights in {str(folder)!r}: put {' or '.join(WEIGHT_FILES)} there")
 
 
-def load_state_strict(
-    module: torch.nn.Module,
-    state: Mapping[str, torch.Tensor],
-    path: Path,
-    *,
-    optional: Iterable[str] = (),
-    ignored_prefixes: Iterable[str] = (),
-) -> None:
-    """Copy `state` into `module`; raise CheckpointError naming every missing, unexpected or mis-shaped tensor.
-
-    optional: module keys a file may lack (unused at inference); ignored_prefixes: file keys skipped on purpose.
-    """
-    ignored = tuple(ignored_prefixes)
-    state = {k: v for k, v in state.items() if not k.startswith(ignored)}
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state) - set(optional))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = sorted(
-        f"{k}: file {tuple(state[k].shape)} != model {tuple(expected[k].shape)}"
-        for k in set(state) & set(expected)
-        if state[k].shape != expected[k].shape
-    )
-    problems = [("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)]
-    lines = [
-        f"  {kind}: {', '.join(items[:20])}{' ...' if len(items) > 20 else ''}"
-        for kind, items in problems
-        if items
-    ]
-    if lines:
-        raise CheckpointError(
-            f"weights in {str(path)!r} do not match the model from its config.json:\n" + "\n".join(lines)
-        )
-    module.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
-
-
-def _rename_weight_norm(state: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:
-    # The positional conv is weight-normed: files from older transformers call its halves weight_g/weight_v,
-    # newer transformers parametrizations.weight.original0/1. Map the file's names onto the model's.
-    pairs = (
-        (".weight_g", ".parametrizations.weight.original0"),
-        (".weight_v", ".parametrizations.weight.original1"),
-    )
-    out = {}
-    for key, value in state.items():
-        for old, new in pairs:
-            if key.endswith(old) and key not in model_keys and key[: -len(old)] + new in model_keys:
-                key = key[: -len(old)] + new
-            elif key.endswith(new) and key not in model_keys and key[: -len(new)] + old in model_keys:
-                key = key[: -len(new)] + old
-        out[key] = value
-    return out
-
-
 def check_hubert_folder(folder: str | Path) -> Path:
     """The folder, after checking it holds config.json, preprocessor_config.json and weights."""
     folder = Path(folder)
@@ -153,9 +102,9 @@ class HubertEncoder(torch.nn.Module):
         with torch.device(device):
             model = transformers.HubertModel(config)
         weights = find_weights(folder)
-        state = _rename_weight_norm(read_weights(weights), set(model.state_dict()))
+        state = rename_weight_norm(read_weights(weights), set(model.state_dict()))
         # masked_spec_embed only fills masked frames in training; some exports leave it out.
-        load_state_strict(model, state, weights, optional=("masked_spec_embed",))
+        load_strict(model, state, weights, model=CONFIG_MODEL, optional=("masked_spec_embed",))
         return cls(model.to(device=device, dtype=dtype).eval(), folder)
 
     @property

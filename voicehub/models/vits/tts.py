@@ -13,12 +13,13 @@ import torch
 
 from voicehub.errors import CheckpointError, InvalidTextError
 from voicehub.models.base import TTSModel
+from voicehub.models.checkpoints import load_strict
 from voicehub.models.vits.config import VitsArchitecture, VitsParams, VoiceConfig
 from voicehub.models.vits.files import VoiceFiles, WeightFormat
 from voicehub.models.vits.model import VitsSynthesizer
 from voicehub.models.vits.phonemes import SUPPORTED_PHONEME_TYPES, Sentence, make_phonemizer, phoneme_ids
 from voicehub.models.vits.streaming import decode_windows
-from voicehub.models.vits.weights import architecture, load_strict, read_ckpt, read_onnx
+from voicehub.models.vits.weights import architecture, read_ckpt, read_onnx
 from voicehub.text.limits import check_text
 from voicehub.types import AudioChunk, TTSOutput
 
@@ -80,7 +81,7 @@ class VitsModel(TTSModel):
             arch = architecture(state, attrs, {}, path)
         self._check_voice_matches(arch)
         net = VitsSynthesizer(arch)
-        load_strict(net, state, path)
+        load_strict(net, state, path, model="the VITS model")
         self._network = net.to(device=self.device, dtype=self.dtype).eval()
 
     def _check_voice_matches(self, arch: VitsArchitecture) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from voicehub.errors import CheckpointError
+from voicehub.models.checkpoints import fold_weight_norm
 from voicehub.models.vits.config import VitsArchitecture
 
 AttrGetter = Callable[[str, str], list[int] | None]  # (module path, attribute) -> ints or None
@@ -122,29 +123,6 @@ def read_ckpt(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return gen, dict(ckpt.get("hyper_parameters") or {})
 
 
-def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Replace weight-norm pairs by plain weights: w = g * v / ||v|| (norm over all dims but 0).
-
-    Handles both the old `weight_g`/`weight_v` names and torch's parametrization names.
-    """
-    out = dict(state)
-    pairs = [(k[: -len(".weight_g")], ".weight_g", ".weight_v") for k in state if k.endswith(".weight_g")]
-    pairs += [
-        (
-            k[: -len(".parametrizations.weight.original0")],
-            ".parametrizations.weight.original0",
-            ".parametrizations.weight.original1",
-        )
-        for k in state
-        if k.endswith(".parametrizations.weight.original0")
-    ]
-    for base, g_suffix, v_suffix in pairs:
-        g, v = out.pop(base + g_suffix), out.pop(base + v_suffix)
-        dims = tuple(range(1, v.dim()))
-        out[base + ".weight"] = v * (g / v.norm(dim=dims, keepdim=True))
-    return out
-
-
 def _indices(state: dict[str, torch.Tensor], pattern: str) -> list[int]:
     return sorted({int(m.group(1)) for k in state if (m := re.fullmatch(pattern, k))})
 
@@ -234,25 +212,3 @@ def _architecture(
         n_speakers=n_speakers,
         gin_channels=gin,
     )
-
-
-def load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
-    """Copy `state` into `model`; any missing, unexpected or mis-shaped tensor raises CheckpointError."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    misshaped = sorted(
-        f"{k} (file {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
-        for k in set(own) & set(state)
-        if state[k].shape != own[k].shape
-    )
-    problems = [
-        f"{label}: {', '.join(items[:12])}{' ...' if len(items) > 12 else ''}"
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
-        if items
-    ]
-    if problems:
-        raise CheckpointError(f"{str(source)!r} does not match the VITS model: " + "; ".join(problems))
-    with torch.no_grad():
-        for k, v in own.items():
-            v.copy_(state[k].to(v.dtype))

@@ -16,7 +16,7 @@ import torch
 
 from voicehub.errors import CheckpointError
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
-from voicehub.models.gpt_sovits.sovits.strict import WEIGHT_NORM_TYPES, load_strict
+from voicehub.models.gpt_sovits.sovits.strict import load_weight_normed, weight_norm_layers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "bigvgan_generator.pt"
@@ -55,7 +55,7 @@ OUTPUT_RMS = 0.1  # target loudness of random-weight output
 
 def _calibrate_output(model: BigVGAN, state: dict[str, torch.Tensor], gen: torch.Generator) -> None:
     # Scale conv_post so a typical log-mel gives audio of RMS ~OUTPUT_RMS, not a clipped square wave.
-    load_strict(model, state, "generated weights")
+    load_weight_normed(model, state, "generated weights")
     mel = torch.randn(1, model.conf.num_mels, 16, generator=gen) * 2 - 6
     rms = model.conv_post(model.activation_post(model.body(mel))).std().item()
     state["conv_post.weight_g"] = state["conv_post.weight_g"] * (OUTPUT_RMS / max(rms, 1e-6))
@@ -94,7 +94,7 @@ def load_bigvgan(folder: str | Path) -> BigVGAN:
             f"{weights_path} has no 'generator' state dict; it is not a BigVGAN generator file"
         )
     model = BigVGAN(conf)
-    load_strict(model, ckpt["generator"], str(weights_path))
+    load_weight_normed(model, ckpt["generator"], str(weights_path))
     return model.eval()
 
 
@@ -111,7 +111,7 @@ def make_bigvgan_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> 
     model = BigVGAN(BigVGANConfig.from_json(cfg, "generated config"))
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
-    wn = {name for name, mod in model.named_modules() if isinstance(mod, WEIGHT_NORM_TYPES)}
+    wn = weight_norm_layers(model)
     for name, tensor in model.state_dict().items():
         owner, _, leaf = name.rpartition(".")
         if leaf == "weight" and owner in wn:

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from voicehub.errors import CheckpointError
+from voicehub.models.checkpoints import check_state_dict, fold_weight_norm
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
-from voicehub.models.gpt_sovits.sovits.strict import check_layout, file_layout, load_strict, to_module_state
+from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout, load_weight_normed
 
 HEADER_VERSIONS = {  # first two bytes -> (model version, is LoRA)
     b"00": ("v1", False),
@@ -135,7 +136,7 @@ def build_sovits(f: SoVITSFile) -> SynthesizerV3:
         raise CheckpointError(f"{f.path} is a LoRA checkpoint; load it with its base s2Gv3.pth")
     shapes = {k: tuple(t.shape) for k, t in f.weight.items()}
     model = SynthesizerV3(SoVITSV3Arch.from_checkpoint(f.config, shapes, str(f.path)))
-    load_strict(model, f.weight, str(f.path))
+    load_weight_normed(model, f.weight, str(f.path))
     return model.eval()
 
 
@@ -174,11 +175,13 @@ def apply_lora_file(model: SynthesizerV3, f: SoVITSFile) -> None:
             factors.setdefault(m.group(1), {})[m.group(2)] = tensor
         else:
             plain[name] = tensor
-    check_layout(plain, file_layout(model), source, allow_missing=True)
+    layout = file_layout(model)
+    # A LoRA file overlays part of its base: every tensor it has must fit, none is required.
+    check_state_dict(layout, plain, source, optional=layout, hint=SLOT_HINT)
     own = model.state_dict()
     _check_factors(factors, own, f.lora_rank, source)
     with torch.no_grad():
-        for name, value in to_module_state(plain, model).items():
+        for name, value in fold_weight_norm(plain).items():
             own[name].copy_(value.to(own[name].dtype))
         for layer, ab in factors.items():
             # alpha == rank in upstream's LoraConfig, so the LoRA scale alpha / rank is 1.
@@ -193,7 +196,7 @@ def _check_factors(factors, own, rank: int, source: str) -> None:
         expected[f"{layer}.lora_A"] = (rank, in_f)
         expected[f"{layer}.lora_B"] = (out_f, rank)
     found = {f"{layer}.lora_{ab}": t for layer, pair in factors.items() for ab, t in pair.items()}
-    check_layout(found, expected, f"{source} (LoRA rank {rank})")
+    check_state_dict(expected, found, f"{source} (LoRA rank {rank})", hint=SLOT_HINT)
 
 
 def lora_layers(state: dict[str, torch.Tensor]) -> list[str]:

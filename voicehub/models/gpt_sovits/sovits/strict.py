@@ -1,4 +1,4 @@
-"""Strict state-dict loading with weight-norm folding, shared by SoVITS and BigVGAN.
+"""The weight-norm file layout of SoVITS and BigVGAN, and their strict loading (voicehub.models.checkpoints).
 
 Upstream GPT-SoVITS keeps `torch.nn.utils.weight_norm` on some convolutions, so its files hold
 `<layer>.weight_g` / `<layer>.weight_v` where our modules hold a plain `<layer>.weight`. Layers
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from voicehub.errors import CheckpointError
+from voicehub.models.checkpoints import check_state_dict, fold_weight_norm, load_strict
 
-MAX_LISTED = 12  # names listed per category in an error message
+SLOT_HINT = "Is this the right file for this slot?"
 
 
 class WeightNormConv1d(nn.Conv1d):
@@ -48,58 +48,11 @@ def file_layout(model: nn.Module, weight_normed: bool = True) -> dict[str, tuple
     return layout
 
 
-def fold_weight_norm(weight_g: torch.Tensor, weight_v: torch.Tensor) -> torch.Tensor:
-    """weight = g * v / ||v|| with the norm over every dim but 0, computed in float32."""
-    v = weight_v.float()
-    norm = v.flatten(1).norm(dim=1).view(-1, *([1] * (v.dim() - 1)))
-    return weight_g.float() * v / norm
+def load_weight_normed(model: nn.Module, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """Check `tensors` against `model`'s file layout (either weight-norm layout), fold, and copy them in.
 
-
-def check_layout(
-    tensors: Mapping[str, torch.Tensor],
-    expected: Mapping[str, tuple[int, ...]],
-    source: str,
-    *,
-    allow_missing: bool = False,
-) -> None:
-    """Raise CheckpointError naming every missing, unexpected or mis-shaped tensor of `source`."""
-    missing = [] if allow_missing else [k for k in expected if k not in tensors]
-    unexpected = [k for k in tensors if k not in expected]
-    misshaped = [
-        f"{k} {tuple(t.shape)} (expected {expected[k]})"
-        for k, t in tensors.items()
-        if k in expected and tuple(t.shape) != tuple(expected[k])
-    ]
-    problems = []
-    for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
-        if names:
-            shown = ", ".join(names[:MAX_LISTED])
-            more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
-            problems.append(f"{len(names)} {label} tensor(s): {shown}{more}")
-    if problems:
-        raise CheckpointError(
-            f"{source} does not match the model: "
-            + "; ".join(problems)
-            + ". Is this the right file for this slot?"
-        )
-
-
-def to_module_state(tensors: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors renamed to `model`'s state dict, weight norm folded where stored."""
-    state = dict(tensors)
-    for owner in weight_norm_layers(model):
-        g_key, v_key = f"{owner}.weight_g", f"{owner}.weight_v"
-        if g_key in state and v_key in state:
-            state[f"{owner}.weight"] = fold_weight_norm(state.pop(g_key), state.pop(v_key))
-    return state
-
-
-def load_strict(model: nn.Module, tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    """Check `tensors` against `model` (either weight-norm layout) and copy them in, in model dtype."""
+    The check names the file's own tensors (`weight_g`/`weight_v`), before anything is folded.
+    """
     has_g = any(k.endswith(".weight_g") for k in tensors)
-    check_layout(tensors, file_layout(model, weight_normed=has_g), source)
-    state = to_module_state(tensors, model)
-    own = model.state_dict()
-    with torch.no_grad():
-        for name, value in state.items():
-            own[name].copy_(value.to(own[name].dtype))
+    check_state_dict(file_layout(model, weight_normed=has_g), tensors, source, hint=SLOT_HINT)
+    load_strict(model, fold_weight_norm(tensors), source, hint=SLOT_HINT)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from voicehub.errors import CheckpointError, ModelNotFoundError
+from voicehub.models.checkpoints import check_state_dict
 from voicehub.models.gpt_sovits.t2s.config import V2_PHONEME_VOCAB, T2SConfig
 from voicehub.models.gpt_sovits.t2s.model import T2SModel, checkpoint_state_dict
 from voicehub.runtime.device import resolve_device, resolve_dtype
@@ -92,30 +93,6 @@ def read_t2s_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], T2SC
     return weight, T2SConfig.from_checkpoint_config(raw, source=str(path)), raw
 
 
-def check_state_dict(
-    expected: dict[str, tuple[int, ...]], found: dict[str, torch.Tensor], source: str | Path
-) -> None:
-    """Raise CheckpointError naming every missing, unexpected and mis-shaped tensor, and the file."""
-    missing = [k for k in expected if k not in found]
-    unexpected = [k for k in found if k not in expected]
-    misshaped = [
-        f"{k} (file {list(found[k].shape)}, model {list(expected[k])})"
-        for k in expected
-        if k in found and tuple(found[k].shape) != tuple(expected[k])
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing: {', '.join(missing)}")
-    if unexpected:
-        problems.append(f"unexpected: {', '.join(unexpected)}")
-    if misshaped:
-        problems.append(f"mis-shaped: {', '.join(misshaped)}")
-    if problems:
-        raise CheckpointError(
-            f"{source} does not match the T2S architecture in its config; " + "; ".join(problems)
-        )
-
-
 def load_t2s(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -139,7 +116,7 @@ def load_t2s(
     with torch.device("meta"):  # no throw-away random init of 77 M parameters
         model = T2SModel(config)
     expected = {k: tuple(v.shape) for k, v in checkpoint_state_dict(model).items()}
-    check_state_dict(expected, weight, path)
+    check_state_dict(expected, weight, path, model="the T2S architecture in its config")
     state = {k[len(STATE_PREFIX) :]: v.to(device=dev, dtype=dt) for k, v in weight.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.reset_buffers(dev, dt)
