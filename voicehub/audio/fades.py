@@ -12,6 +12,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from voicehub.choices import parse_choice
+
 JOIN_STEP_SAMPLES = 2  # steps on each side of a join that count as "at the join" in max_join_jump
 
 
@@ -22,11 +24,7 @@ class FadeShape(StrEnum):
 
 def parse_fade_shape(shape: str | FadeShape) -> FadeShape:
     """A FadeShape from its name; unknown names raise and list the valid ones."""
-    try:
-        return FadeShape(shape)
-    except ValueError:
-        valid = ", ".join(s.value for s in FadeShape)
-        raise ValueError(f"unknown fade shape {shape!r}; valid shapes: {valid}") from None
+    return parse_choice(FadeShape, shape, "fade shape")
 
 
 def fade_curves(n: int, shape: str | FadeShape = FadeShape.EQUAL_POWER) -> tuple[np.ndarray, np.ndarray]:

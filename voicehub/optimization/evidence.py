@@ -22,7 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from voicehub.optimization.config import DType, Feature, parse_choice
+from voicehub.choices import parse_choice
+from voicehub.optimization.config import DType, Feature
 from voicehub.optimization.errors import EvidenceError
 from voicehub.optimization.families import TechniqueKind
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from voicehub.choices import parse_choice
 from voicehub.optimization.config import (
     NATIVE,
     Feature,
@@ -18,7 +19,6 @@ from voicehub.optimization.config import (
     OptimizationMode,
     Toggle,
     TTSOptimizationConfig,
-    parse_choice,
 )
 from voicehub.optimization.errors import (
     OptimizationDependencyError,

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from voicehub.choices import parse_choice
+
 
 class GraphPreset(StrEnum):
     FULL = "full"
@@ -26,11 +28,8 @@ class GraphPreset(StrEnum):
 
 
 def parse_graph_preset(value: str | GraphPreset) -> GraphPreset:
-    try:
-        return GraphPreset(value)
-    except ValueError:
-        valid = ", ".join(p.value for p in GraphPreset)
-        raise ValueError(f"unknown cuda_graph_preset {value!r}; valid presets: {valid}") from None
+    """A GraphPreset from its name; unknown names raise and list the valid ones."""
+    return parse_choice(GraphPreset, value, "cuda_graph_preset", "presets")
 
 
 @dataclass

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
+
+from voicehub.choices import choice_error
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class Language(StrEnum):
@@ -81,37 +86,27 @@ CUT_METHOD_ALIASES: dict[str, CutMethod] = {
 }
 
 
-def parse_language(value: str | Language) -> Language:
-    """A Language from its code or an upstream label; raises ValueError listing the valid values."""
-    if isinstance(value, Language):
+def _parse_labelled(enum_cls: type[E], labels: dict[str, E], value: object, what: str) -> E:
+    # A member, its value (any case, spaces around ignored) or an upstream label (exact, spaces ignored).
+    if isinstance(value, enum_cls):
         return value
     if isinstance(value, str):
         text = value.strip()
-        if text in LANGUAGE_ALIASES:
-            return LANGUAGE_ALIASES[text]
-        try:
-            return Language(text.lower())
-        except ValueError:
-            pass
-    codes = ", ".join(language.value for language in Language)
-    labels = ", ".join(LANGUAGE_ALIASES)
-    raise ValueError(f"unknown language {value!r}; use one of: {codes} (or an upstream label: {labels})")
+        if text in labels:
+            return labels[text]
+        if text.lower() in {member.value for member in enum_cls}:
+            return enum_cls(text.lower())
+    error = choice_error(enum_cls, value, what)
+    raise ValueError(f"{error} (or an upstream label: {', '.join(labels)})")
+
+
+def parse_language(value: str | Language) -> Language:
+    """A Language from its code or an upstream label; raises ValueError listing the valid values."""
+    return _parse_labelled(Language, LANGUAGE_ALIASES, value, "language")
 
 
 def parse_cut_method(value: str | CutMethod | None) -> CutMethod:
     """A CutMethod from its name, an upstream label or cut0-cut5; None means `none`."""
     if value is None:
         return CutMethod.NONE
-    if isinstance(value, CutMethod):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        if text in CUT_METHOD_ALIASES:
-            return CUT_METHOD_ALIASES[text]
-        try:
-            return CutMethod(text.lower())
-        except ValueError:
-            pass
-    names = ", ".join(method.value for method in CutMethod)
-    labels = ", ".join(CUT_METHOD_ALIASES)
-    raise ValueError(f"unknown cut method {value!r}; use one of: {names} (or an upstream label: {labels})")
+    return _parse_labelled(CutMethod, CUT_METHOD_ALIASES, value, "cut method")

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
+from voicehub.choices import parse_choice
+
 
 class PresetName(StrEnum):
     FAST = "fast"
@@ -39,10 +41,7 @@ PRESETS: dict[PresetName, GenerationPreset] = {
 
 
 def parse_preset(name: str | PresetName) -> PresetName:
-    try:
-        return PresetName(name)
-    except ValueError:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(list_presets())}") from None
+    return parse_choice(PresetName, name, "preset")
 
 
 def list_presets() -> list[str]:

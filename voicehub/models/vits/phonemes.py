@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from voicehub.choices import parse_choice
 from voicehub.errors import MissingDependencyError
 from voicehub.models.vits.config import BOS, EOS, PAD
 
@@ -192,11 +193,7 @@ def make_phonemizer(
     voice: str, phoneme_type: str = "espeak", backend: PhonemizerBackend | str = PhonemizerBackend.AUTO
 ) -> PiperEspeakPhonemizer | EspeakProgramPhonemizer | CodepointPhonemizer:
     """The phonemizer for a voice; `auto` prefers piper-tts's bundled espeak-ng, then the program."""
-    try:
-        backend = PhonemizerBackend(backend)
-    except ValueError:
-        valid = ", ".join(b.value for b in PhonemizerBackend)
-        raise ValueError(f"unknown phonemizer {backend!r}; valid: {valid}") from None
+    backend = parse_choice(PhonemizerBackend, backend, "phonemizer")
     if phoneme_type == "text":
         return CodepointPhonemizer()
     if phoneme_type not in SUPPORTED_PHONEME_TYPES:
