@@ -17,6 +17,7 @@ import torch
 
 from voicehub.errors import ModelNotFoundError
 from voicehub.models.checkpoints import load_strict
+from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.ssl import CONFIG_MODEL, find_weights, import_transformers, read_weights
 
 BERT_FOLDER = "chinese-roberta-wwm-ext-large"  # its name inside upstream's pretrained_models/
@@ -143,13 +144,12 @@ PUNCTUATION = list("，。！？、；：“”‘’（）《》…—·,.!?;:'
 def make_vocab(size: str) -> list[str]:
     """A test vocabulary: the real special-token ids ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103),
     punctuation, digits, CJK characters, and for `full` filler tokens up to 21128. Not the real vocabulary."""
-    if size not in ("tiny", "full"):
-        raise ValueError(f"unknown size {size!r}; valid sizes: tiny, full")
+    is_full = parse_size(size) is Size.FULL
     tokens = SPECIAL_TOKENS + PUNCTUATION
-    n_cjk = TINY_CJK if size == "tiny" else 0x9FA5 - 0x4E00 + 1
+    n_cjk = 0x9FA5 - 0x4E00 + 1 if is_full else TINY_CJK
     cjk = [chr(0x4E00 + i) for i in range(n_cjk)]
     tokens += cjk + [c for c in dict.fromkeys(TINY_EXTRA_CHARS) if c not in set(cjk)]
-    if size == "full":
+    if is_full:
         tokens = tokens[:FULL_VOCAB_SIZE]
         tokens += [f"[filler{i}]" for i in range(FULL_VOCAB_SIZE - len(tokens))]
     return tokens
@@ -166,12 +166,10 @@ def bert_config(size: str, vocab_size: int) -> dict:
         "pooler_fc_size": 768, "pooler_num_attention_heads": 12, "pooler_num_fc_layers": 3,
         "pooler_size_per_head": 128, "pooler_type": "first_token_transform",
     }  # fmt: skip
-    if size == "full":
+    if parse_size(size) is Size.FULL:
         return full
-    if size == "tiny":
-        # Width stays 1024 (the T2S bert_proj input); 3 layers so hidden_states[-3] is a transformer layer.
-        return {**full, "num_hidden_layers": 3, "intermediate_size": 256, "vocab_size": vocab_size}
-    raise ValueError(f"unknown size {size!r}; valid sizes: tiny, full")
+    # Width stays 1024 (the T2S bert_proj input); 3 layers so hidden_states[-3] is a transformer layer.
+    return {**full, "num_hidden_layers": 3, "intermediate_size": 256, "vocab_size": vocab_size}
 
 
 def make_bert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from voicehub.models.gpt_sovits.sizes import SIZES
+
 MODEL_TYPES = ("gpt-sovits-v3",)
 
 
@@ -28,9 +30,7 @@ def add_parsers(sub: Any) -> None:
         ),
     )
     p.add_argument("model_type", choices=MODEL_TYPES, help="the family whose files to write")
-    p.add_argument(
-        "--size", choices=("tiny", "full"), default="tiny", help="tiny (CPU tests) or full (real sizes)"
-    )
+    p.add_argument("--size", choices=SIZES, default="tiny", help="tiny (CPU tests) or full (real sizes)")
     p.add_argument("--out", type=Path, required=True, help="folder to write the set into")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--lora-rank", type=int, default=8, help="rank of the SoVITS LoRA file (default 8)")

@@ -27,13 +27,13 @@ from voicehub.models.gpt_sovits.bert import BERT_FOLDER, make_bert_folder
 from voicehub.models.gpt_sovits.bigvgan import FOLDER_NAME as BIGVGAN_FOLDER
 from voicehub.models.gpt_sovits.bigvgan import make_bigvgan_folder
 from voicehub.models.gpt_sovits.files import PRETRAINED_FOLDER
+from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.sovits import BASE_FILE, SoVITSV3Arch, make_sovits_checkpoint
 from voicehub.models.gpt_sovits.ssl import HUBERT_FOLDER, hubert_config, make_hubert_folder
 from voicehub.models.gpt_sovits.t2s import load_t2s, logit_margins, make_t2s_checkpoint
 from voicehub.models.gpt_sovits.t2s.config import T2SConfig
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import random_prompt
 
-SIZES = ("tiny", "full")
 GPT_FILE = "gpt.ckpt"
 SOVITS_FILE = "sovits.pth"
 LORA_FILE = "lora/sovits_lora.pth"
@@ -57,11 +57,9 @@ class CheckpointSet:
 def sovits_arch(size: str) -> SoVITSV3Arch:
     """`full`: the real v3 sizes; `tiny`: SoVITS's tiny widths with the real HuBERT width (768) and
     codebook (1024 codes), so the tiny HuBERT's features and the T2S decoder's tokens fit it."""
-    if size == "full":
+    if parse_size(size) is Size.FULL:
         return SoVITSV3Arch.full()
-    if size == "tiny":
-        return replace(SoVITSV3Arch.tiny(), ssl_dim=hubert_config("tiny")["hidden_size"], n_bins=1024)
-    raise ValueError(f"unknown size {size!r}; valid sizes: {', '.join(SIZES)}")
+    return replace(SoVITSV3Arch.tiny(), ssl_dim=hubert_config("tiny")["hidden_size"], n_bins=1024)
 
 
 def t2s_margins(gpt_path: Path, n_tokens: int, seed: int) -> dict[str, float]:
@@ -80,8 +78,7 @@ def make_checkpoint_set(
     margin_tokens: int = 200,
 ) -> CheckpointSet:
     """Write the whole set under `out` (see the module docstring); returns its paths and T2S margins."""
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; valid sizes: {', '.join(SIZES)}")
+    size = parse_size(size)
     if lora_rank < 1:
         raise ValueError(f"--lora-rank must be >= 1, got {lora_rank}")
     out = Path(out)

@@ -20,6 +20,7 @@ import torch
 
 from voicehub.errors import CheckpointError, MissingDependencyError, ModelNotFoundError
 from voicehub.models.checkpoints import load_strict, rename_weight_norm
+from voicehub.models.gpt_sovits.sizes import Size, parse_size
 
 HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
 HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
@@ -141,18 +142,16 @@ def hubert_config(size: str) -> dict:
         "mask_feature_length": 10, "initializer_range": 0.02, "vocab_size": 32, "pad_token_id": 0,
         "bos_token_id": 1, "eos_token_id": 2, "use_weighted_layer_sum": False, "classifier_proj_size": 256,
     }  # fmt: skip
-    if size == "full":
+    if parse_size(size) is Size.FULL:
         return full
-    if size == "tiny":
-        # Width stays 768 so the tiny features feed a SoVITS with the real ssl_dim; depth and convs shrink.
-        tiny = {
-            "num_hidden_layers": 1,
-            "intermediate_size": 256,
-            "conv_dim": [64] * 7,
-            "num_conv_pos_embeddings": 16,
-        }
-        return {**full, **tiny}
-    raise ValueError(f"unknown size {size!r}; valid sizes: tiny, full")
+    # Width stays 768 so the tiny features feed a SoVITS with the real ssl_dim; depth and convs shrink.
+    tiny = {
+        "num_hidden_layers": 1,
+        "intermediate_size": 256,
+        "conv_dim": [64] * 7,
+        "num_conv_pos_embeddings": 16,
+    }
+    return {**full, **tiny}
 
 
 def make_hubert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:

@@ -16,6 +16,7 @@ import torch
 
 from voicehub.errors import CheckpointError
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
+from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.sovits.strict import load_weight_normed, weight_norm_layers
 
 CONFIG_FILE = "config.json"
@@ -49,7 +50,6 @@ TINY_OVERRIDES = {
     "resblock_kernel_sizes": [3],
     "resblock_dilation_sizes": [[1, 3]],
 }
-SIZES = ("tiny", "full")
 OUTPUT_RMS = 0.1  # target loudness of random-weight output
 
 
@@ -105,9 +105,8 @@ def make_bigvgan_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> 
     `full` has the real sizes; `tiny` keeps the 100-band, 256x layout with narrow channels.
     Weights are drawn so the output is finite and not constant. For tests and benchmarks.
     """
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; valid: {', '.join(SIZES)}")
-    cfg = dict(V2_24KHZ_100BAND_256X, **(TINY_OVERRIDES if size == "tiny" else {}))
+    tiny = parse_size(size) is Size.TINY
+    cfg = dict(V2_24KHZ_100BAND_256X, **(TINY_OVERRIDES if tiny else {}))
     model = BigVGAN(BigVGANConfig.from_json(cfg, "generated config"))
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}

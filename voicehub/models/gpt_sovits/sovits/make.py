@@ -12,20 +12,18 @@ from pathlib import Path
 
 import torch
 
+from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.sovits.checkpoint import LORA_PREFIX, lora_layers
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.strict import file_layout, weight_norm_layers
 
-SIZES = ("tiny", "full")
 # Frozen during upstream's LoRA training (freeze_quantizer, peft): their parameters are not saved.
 LORA_FROZEN_PREFIXES = ("enc_p.", "ssl_proj.", "quantizer.", "cfm.")
 
 
-def arch_for(size: str) -> SoVITSV3Arch:
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; valid: {', '.join(SIZES)}")
-    return SoVITSV3Arch.full() if size == "full" else SoVITSV3Arch.tiny()
+def arch_for(size: str | Size) -> SoVITSV3Arch:
+    return SoVITSV3Arch.full() if parse_size(size) is Size.FULL else SoVITSV3Arch.tiny()
 
 
 def lora_file_layout(model: SynthesizerV3, rank: int) -> dict[str, tuple[int, ...]]:

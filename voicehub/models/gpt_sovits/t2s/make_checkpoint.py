@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.t2s.config import BERT_DIM, FULL_V3, TINY, T2SConfig
 from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.model import T2SModel, checkpoint_state_dict
 
-SIZES = {"tiny": TINY, "full": FULL_V3}
+CONFIGS = {Size.TINY: TINY, Size.FULL: FULL_V3}
 LOGIT_STD = 4.0  # spread of the head's logits over unit-variance hidden states
 
 
@@ -62,9 +63,7 @@ def make_t2s_checkpoint(path: str | Path, size: str = "tiny", seed: int = 0) -> 
 
     size: "tiny" (2 layers, width 64, 4 heads, real vocab and symbol counts) or "full" (v3 sizes).
     """
-    if size not in SIZES:
-        raise ValueError(f"unknown checkpoint size {size!r}; use one of {', '.join(SIZES)}")
-    config = SIZES[size]
+    config = CONFIGS[parse_size(size)]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     ckpt = {
