@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from voicehub.choices import parse_choice
+from voicehub.runtime.graph_presets import GraphPreset
 
 if TYPE_CHECKING:
     from voicehub.optimization.evidence import EvidenceStore
@@ -62,13 +63,9 @@ class DType(StrEnum):
     BFLOAT16 = "bfloat16"
 
 
-class CudaGraphPreset(StrEnum):
-    """Engine configuration given at load (the GPU runtime's presets); plans only record it."""
-
-    FULL = "full"
-    MINIMAL = "minimal"
-    LAZY = "lazy"
-    OFF = "off"
+CudaGraphPreset = (
+    GraphPreset  # engine configuration given at load (the runtime's presets); plans only record it
+)
 
 
 NATIVE = "native"  # what a decision selects when nothing changes

@@ -12,24 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import torch
 
-from voicehub.choices import parse_choice
+from voicehub.runtime.graph_presets import GraphPreset, parse_graph_preset
 
-
-class GraphPreset(StrEnum):
-    FULL = "full"
-    MINIMAL = "minimal"
-    LAZY = "lazy"
-    OFF = "off"
-
-
-def parse_graph_preset(value: str | GraphPreset) -> GraphPreset:
-    """A GraphPreset from its name; unknown names raise and list the valid ones."""
-    return parse_choice(GraphPreset, value, "cuda_graph_preset", "presets")
+__all__ = ["BucketedGraphRunner", "GraphPreset", "parse_graph_preset"]
 
 
 @dataclass
