@@ -72,17 +72,11 @@ class Transcriber:
 
     def transcribe(self, audio: np.ndarray, sample_rate: int, language: str = "en") -> str:
         # audio: [n] float32 mono
-        audio16 = resample(np.asarray(audio, np.float32), sample_rate, WHISPER_RATE)
+        from voicehub.audio.load import resample  # soxr HQ, as everywhere else; imports torch, so only here
+
+        audio16 = resample(audio, sample_rate, WHISPER_RATE)
         segments, _ = self.model.transcribe(audio16, language=language, beam_size=5, vad_filter=False)
         return " ".join(s.text.strip() for s in segments).strip()
-
-
-def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
-    """High-quality resampling with soxr (a librosa dependency)."""
-    if rate_in == rate_out:
-        return audio
-    soxr = _need("soxr")
-    return soxr.resample(audio, rate_in, rate_out).astype(np.float32)
 
 
 def normalize_words(text: str) -> str:
