@@ -19,7 +19,7 @@ from voicehub.bench.asr import word_error_rate
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "Please call me back when you have a moment to talk about the weather.",
-    "Streaming speech should start quickly and never click between sentences.",
+    "Please remember to bring an umbrella because it might rain this afternoon.",
 ]
 MAX_WER = 0.1
 
