@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -167,7 +168,8 @@ def _meta(args: argparse.Namespace, device: torch.device) -> dict:
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
-            "cpu_count": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15": os.getloadavg(),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         },
         "versions": {
