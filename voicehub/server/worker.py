@@ -56,8 +56,12 @@ class Job:
         request_id: str | None = None,
     ):
         self.id = request_id or uuid.uuid4().hex
-        self.spec, self.text, self.voice, self.seed, self.speed = spec, text, voice, seed, speed
+        self.spec, self.text, self.voice, self.speed = spec, text, voice, speed
         self.params = dict(params or {})
+        # A voice's default params (or a request's) may hold a seed; the request's own field wins, and
+        # it leaves params so `stream(seed=..., **params)` gets it once.
+        params_seed = self.params.pop("seed", None)
+        self.seed = seed if seed is not None else params_seed
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.created = time.monotonic()
