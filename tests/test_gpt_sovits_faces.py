@@ -4,6 +4,7 @@ the registry's content-based detection, registry voices, and `make-checkpoint` t
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import subprocess
 import sys
@@ -143,7 +144,9 @@ def test_registry_voice_by_name(tiny_set, reference_wav, tmp_path):  # noqa: F81
     from voicehub.voices import VoiceRegistry
 
     registry = VoiceRegistry(tmp_path / "data")
-    registry.add("fox", "gpt-sovits-v3", reference_audio=reference_wav, transcript=REFERENCE_TEXT, language="en")
+    registry.add(
+        "fox", "gpt-sovits-v3", reference_audio=reference_wav, transcript=REFERENCE_TEXT, language="en"
+    )
     model = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, voice_registry=registry)
     out = model.generate("By name.", voice="fox", seed=0, force_n_tokens=4, speed=1.0, how_to_cut="none")
     assert out.audio.shape == (4 * SAMPLES_PER_TOKEN,)
@@ -197,3 +200,26 @@ def test_from_pretrained_with_unrecognised_files_names_them(tmp_path):
     stray.write_text("not a checkpoint")
     with pytest.raises(ModelNotFoundError, match="notes.txt"):
         AutoModelForTextToSpeech.from_pretrained(gpt_path=stray)
+
+
+def test_text_frontend_info_says_pypinyin_by_default(inferencer):
+    info = {"polyphone_source": "pypinyin", "g2pw_model_dir": None}
+    assert inferencer.text_frontend_info == info == inferencer.model.text_frontend_info
+    described = inferencer.model.describe()
+    assert described["text_frontend"] == info and described["model_type"] == "gpt-sovits-v3"
+    assert inferencer.model.pipeline.frontend is inferencer.model.frontend
+
+
+def test_g2pw_folder_is_checked_at_load_used_and_reported(tiny_set, tmp_path, caplog):  # noqa: F811
+    g2pw_tests = pytest.importorskip("test_text_g2pw")  # its tiny G2PWModel folder (needs onnx, tokenizers)
+    g2pw_dir, _ = g2pw_tests.write_tiny_g2pw(tmp_path)
+    with caplog.at_level(logging.INFO, logger="voicehub.models.gpt_sovits"):
+        model = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, g2pw_model_dir=g2pw_dir)
+    assert model.text_frontend_info == {"polyphone_source": "g2pw", "g2pw_model_dir": str(g2pw_dir)}
+    lines = [r.getMessage() for r in caplog.records if "polyphones" in r.getMessage()]
+    assert lines == [f"GPT-SoVITS v3 text frontend: Chinese polyphones from g2pw ({g2pw_dir})"]
+    assert not model.is_runtime_loaded  # reported before any weights are read
+    assert model.pipeline.frontend is model.frontend  # and the pipeline reads text through that frontend
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="has no g2pW.onnx"):  # even a lazy load checks the folder
+        AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, g2pw_model_dir=tmp_path / "empty")

@@ -10,6 +10,7 @@ its `params`; OpenAI's request has no family parameters, so the voice carries it
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import numpy as np
@@ -104,10 +105,17 @@ def test_unknown_voice_is_404_listing_the_valid_names(server, voice):
         assert "'nobody'" in message and voice in message and "tiny-v3" in message
 
 
-def test_models_lists_the_model_and_its_family(server):
-    r = httpx.get(f"{server}/v1/models")
-    ids = [m["id"] for m in r.json()["data"]]
-    assert {"tiny-v3", "gpt-sovits-v3"} <= set(ids)
+def test_models_lists_the_model_its_family_and_its_text_frontend(server):
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server}/ready").status_code != 200:  # the default voice's model is preloaded
+        assert time.monotonic() < deadline, "the server never became ready"
+        time.sleep(0.05)
+    data = {m["id"]: m for m in httpx.get(f"{server}/v1/models").json()["data"]}
+    assert {"tiny-v3", "gpt-sovits-v3"} <= set(data)
+    info = data["tiny-v3"]["voicehub"]
+    assert info["loaded"] and info["model_type"] == "gpt-sovits-v3" and info["sample_rate"] == SR
+    assert info["text_frontend"] == {"polyphone_source": "pypinyin", "g2pw_model_dir": None}
+    assert "voicehub" not in data["gpt-sovits-v3"]  # a family name, not a model
 
 
 def test_request_seed_overrides_the_voice_seed(server, voice):

@@ -12,7 +12,8 @@ import importlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from voicehub.models.base import TTSModel
 from voicehub.server.config import ModelSpec
@@ -40,10 +41,23 @@ def load_model(spec: ModelSpec, default_device: str) -> TTSModel:
     )
 
 
+def describe_model(model: TTSModel) -> dict[str, Any]:
+    """JSON-ready facts a loaded model gives about itself: its family's `describe()` when it has one.
+
+    Read once at load, on the worker thread, so handlers can show them without touching the model.
+    """
+    facts: dict[str, Any] = {"model_type": model.model_type, "sample_rate": model.sample_rate}
+    describe = getattr(model, "describe", None)  # optional: TTSModel does not require it
+    if callable(describe):
+        facts.update(describe())
+    return facts
+
+
 @dataclass
 class _Entry:
     model: TTSModel
     size_mb: float
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def _cuda_allocated_mb() -> float:
@@ -65,6 +79,10 @@ class ModelPool:
     def loaded(self) -> list[str]:
         return list(self._models)
 
+    def info(self) -> dict[str, dict[str, Any]]:
+        """name -> `describe_model` facts of each loaded model (a snapshot; safe from handler threads)."""
+        return {name: dict(entry.info) for name, entry in list(self._models.items())}
+
     def used_mb(self) -> float:
         return sum(e.size_mb for e in self._models.values())
 
@@ -79,7 +97,7 @@ class ModelPool:
         before = _cuda_allocated_mb()
         model = self._loader(spec)
         size = (_cuda_allocated_mb() - before) or spec.memory_mb
-        self._models[spec.name] = _Entry(model, size)
+        self._models[spec.name] = _Entry(model, size, describe_model(model))
         if self.budget_mb:
             self._make_room(0.0, pinned | {spec.name})
         return model

@@ -102,8 +102,18 @@ async def speech(request: Request) -> StreamingResponse:
 
 @router.get("/v1/models")
 async def models(request: Request) -> JSONResponse:
-    """Configured models, model families with voices, and the configured aliases."""
+    """Configured models, model families with voices, and the configured aliases.
+
+    A configured model also carries `voicehub`: whether it is loaded and, once it is, what it says
+    about itself (e.g. a GPT-SoVITS model's `text_frontend.polyphone_source`: g2pw or pypinyin).
+    """
     state = app_state(request)
     names = state.catalog.model_names() + sorted(state.config.model_aliases)
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "voicehub"} for n in names]
+    loaded = state.pool.info()
+    data = []
+    for name in names:
+        entry = {"id": name, "object": "model", "created": 0, "owned_by": "voicehub"}
+        if name in state.config.models:
+            entry["voicehub"] = {"loaded": name in loaded, **loaded.get(name, {})}
+        data.append(entry)
     return JSONResponse({"object": "list", "data": data})

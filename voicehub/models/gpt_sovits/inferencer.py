@@ -65,6 +65,11 @@ class TTSInferencer:
     def sample_rate(self) -> int:
         return self.model.sample_rate
 
+    @property
+    def text_frontend_info(self) -> dict[str, str | None]:
+        """Where Chinese polyphone readings come from: `polyphone_source` 'g2pw' (g2pw_model_dir= given) or 'pypinyin'."""
+        return self.model.text_frontend_info
+
     def infer_stream(
         self,
         text: str,

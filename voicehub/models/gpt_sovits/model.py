@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,23 +26,32 @@ from voicehub.text.limits import check_text
 from voicehub.types import AudioChunk
 
 MODEL_TYPE = "gpt-sovits-v3"
+log = logging.getLogger("voicehub.models.gpt_sovits")
+
+
+def build_frontend(files: ModelFiles, g2pw_model_dir: str | Path | None = None) -> TextFrontend:
+    """The text frontend: G2PW for Chinese polyphones when its folder is given (checked now), else pypinyin."""
+    return TextFrontend(g2pw_model_dir=g2pw_model_dir, bert_dir=files.bert if g2pw_model_dir else None)
 
 
 def build_pipeline(
     files: ModelFiles,
     device: torch.device,
     dtype: torch.dtype,
-    g2pw_model_dir: str | Path | None = None,
+    frontend: TextFrontend | None = None,
     cache: ReferenceCache | None = None,
 ) -> Pipeline:
-    """Read every file through its strict loader and assemble the pipeline on `device` in `dtype`."""
+    """Read every file through its strict loader and assemble the pipeline on `device` in `dtype`.
+
+    frontend: the text frontend to use (default: `build_frontend(files)`, pypinyin polyphones).
+    """
     t2s, _ = load_t2s(files.gpt, device, dtype)
     # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
     sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base).to(device=device, dtype=dtype)
     vocoder = load_bigvgan(files.bigvgan).to(device=device, dtype=dtype)
     hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
     bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
-    frontend = TextFrontend(g2pw_model_dir=g2pw_model_dir, bert_dir=files.bert if g2pw_model_dir else None)
+    frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
     return Pipeline(
         frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id
@@ -83,13 +93,38 @@ class GptSovitsModel(TTSModel):
         # mapping of Voice's fields. Resolved per request, so a registry edit is seen.
         self.default_voice = Voice(**default_voice) if isinstance(default_voice, dict) else default_voice
         self.reference_cache = reference_cache if reference_cache is not None else ReferenceCache()
-        self._g2pw_model_dir = g2pw_model_dir
+        # Built now even when lazy: it only checks the G2PW folder, so a bad one fails at load and the
+        # model can say where polyphone readings come from before any weights are read.
+        self.frontend = build_frontend(files, g2pw_model_dir)
+        self._g2pw_model_dir = Path(g2pw_model_dir) if g2pw_model_dir is not None else None
+        log.info(
+            "GPT-SoVITS v3 text frontend: Chinese polyphones from %s%s",
+            self.frontend.polyphone_source,
+            f" ({self._g2pw_model_dir})" if self._g2pw_model_dir else " (no g2pw_model_dir given)",
+        )
         self._pipeline: Pipeline | None = None
         self._load_lock = threading.Lock()
         if not lazy_load:
             self._load()
 
     # -- loading ---------------------------------------------------------------------------------
+
+    @property
+    def text_frontend_info(self) -> dict[str, str | None]:
+        """How text is read: `polyphone_source` ('g2pw' or 'pypinyin') and `g2pw_model_dir` (or None)."""
+        folder = str(self._g2pw_model_dir) if self._g2pw_model_dir is not None else None
+        return {"polyphone_source": self.frontend.polyphone_source, "g2pw_model_dir": folder}
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready facts about the loaded model (the server's `GET /v1/models` shows them)."""
+        return {
+            "model_type": self.model_type,
+            "sample_rate": self.sample_rate,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "cuda_graph_preset": GraphPreset(self.cuda_graph_preset).value,
+            "text_frontend": self.text_frontend_info,
+        }
 
     @property
     def is_runtime_loaded(self) -> bool:
@@ -108,7 +143,7 @@ class GptSovitsModel(TTSModel):
 
     def _load(self) -> None:
         self._pipeline = build_pipeline(
-            self.files, self.device, self.dtype, self._g2pw_model_dir, self.reference_cache
+            self.files, self.device, self.dtype, self.frontend, self.reference_cache
         )
 
     # -- requests --------------------------------------------------------------------------------
