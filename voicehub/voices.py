@@ -5,37 +5,52 @@ Writes are atomic: reference audio goes to a temporary file that is renamed into
 then is the row committed in one transaction; a failure before the commit removes the new file.
 A crash between the rename and the commit can leave a whole file with no row; opening the
 registry sweeps such orphans and any temporary files, so a row always points at a whole file and
-no file outlives its row.
+no file outlives its row. The audio side (decoding and checking uploads, the atomic file write,
+the sweep) is voice_store.py; this module owns the rows and the order of the two.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import re
 import sqlite3
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import soundfile as sf
+from voicehub.errors import VoiceHubError
+from voicehub.voice_store import (
+    MAX_REFERENCE_S,
+    MIN_REFERENCE_S,
+    VoiceError,
+    decode_reference,
+    read_audio_arg,
+    store_audio,
+    sweep_audio,
+)
 
-from voicehub.errors import AudioFormatError, VoiceHubError
+__all__ = [
+    "GPT_SOVITS_FAMILY",
+    "MAX_REFERENCE_S",
+    "MIN_REFERENCE_S",
+    "REFERENCE_FAMILIES",
+    "VoiceEntry",
+    "VoiceError",
+    "VoiceExistsError",
+    "VoiceNotFoundError",
+    "VoiceRegistry",
+    "canonical_family",
+    "check_name",
+    "decode_reference",
+]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # no dots or slashes: never a path
-MIN_REFERENCE_S = 3.0  # GPT-SoVITS rejects references outside 3-10 s
-MAX_REFERENCE_S = 10.0
 MAX_TRANSCRIPT_CHARS = 1000
 DB_FILE = "voices.sqlite3"
 AUDIO_DIR = "voices"
-_PART_SUFFIX = ".part"
 GPT_SOVITS_FAMILY = "gpt-sovits-v3"  # a voice's family is the model_type of the hub family that runs it
 # Families whose voices are cloned from reference audio, and the rate each stores it at. None keeps
 # the file's own rate: GPT-SoVITS resamples the reference itself to 16, 24 and 32 kHz, and
@@ -45,10 +60,6 @@ REFERENCE_FAMILIES: dict[str, int | None] = {GPT_SOVITS_FAMILY: None}
 # "gpt_sovits". The old name is translated here, at the registry's edge (writes, and the stored rows
 # when a registry is opened), and nowhere else.
 LEGACY_FAMILIES = {"gpt_sovits": GPT_SOVITS_FAMILY}
-
-
-class VoiceError(VoiceHubError, ValueError):
-    """A voice's name, fields or reference audio are invalid."""
 
 
 class VoiceNotFoundError(VoiceHubError, KeyError):
@@ -103,39 +114,6 @@ def check_name(name: Any) -> str:
             "starting with a letter or digit"
         )
     return name
-
-
-def decode_reference(
-    data: bytes,
-    *,
-    sample_rate: int | None = None,
-    min_s: float = MIN_REFERENCE_S,
-    max_s: float = MAX_REFERENCE_S,
-) -> tuple[np.ndarray, int]:
-    """Decode uploaded audio into float32 [n] mono at `sample_rate` (None: its own rate); checks its length.
-
-    Raises AudioFormatError when it does not decode, and VoiceError when it is outside [min_s, max_s].
-    """
-    try:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)  # audio: [n, channels]
-    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise AudioFormatError(
-            f"reference audio cannot be decoded ({exc}); upload WAV, FLAC, MP3 or OGG audio"
-        ) from None
-    if audio.shape[0] == 0 or not np.isfinite(audio).all():
-        raise AudioFormatError("reference audio holds no samples or non-finite samples")
-    mono = audio.mean(axis=1, dtype=np.float32) if audio.shape[1] > 1 else audio[:, 0]
-    duration = len(mono) / rate
-    if not min_s <= duration <= max_s:
-        raise VoiceError(
-            f"reference audio is {duration:.2f} s long; it must be {min_s:g}-{max_s:g} s: trim or pick another clip"
-        )
-    if sample_rate is not None and sample_rate != rate:
-        import soxr
-
-        mono = soxr.resample(mono, rate, sample_rate, quality="HQ").astype(np.float32)
-        rate = sample_rate
-    return np.ascontiguousarray(mono, dtype=np.float32), int(rate)
 
 
 def canonical_family(family: str) -> str:
@@ -321,14 +299,6 @@ class VoiceRegistry:
             if not transcript.strip() or not language.strip():
                 raise VoiceError(f"a {family} voice needs the reference audio's transcript and its language")
 
-    def _read_audio_arg(self, audio: bytes | str | Path) -> bytes:
-        if isinstance(audio, bytes | bytearray):
-            return bytes(audio)
-        path = Path(audio).expanduser()
-        if not path.is_file():
-            raise AudioFormatError(f"reference audio file {str(path)!r} does not exist")
-        return path.read_bytes()
-
     def _write(
         self,
         name: str,
@@ -349,13 +319,13 @@ class VoiceRegistry:
         rate, duration = (old.sample_rate, old.duration_s) if old else (None, None)
         if audio is not None:
             samples, rate = decode_reference(
-                self._read_audio_arg(audio),
+                read_audio_arg(audio),
                 sample_rate=REFERENCE_FAMILIES.get(family),
                 min_s=self.min_reference_s,
                 max_s=self.max_reference_s,
             )
             duration = len(samples) / rate
-            new_file = self._store_audio(name, samples, rate)
+            new_file = store_audio(self.audio_dir, name, samples, rate)
         audio_file = (
             new_file.name if new_file else (old.reference_audio.name if old and old.reference_audio else None)
         )
@@ -393,21 +363,6 @@ class VoiceRegistry:
             old.reference_audio.unlink(missing_ok=True)  # the committed row no longer points at it
         return self.get(name)
 
-    def _store_audio(self, name: str, samples: np.ndarray, rate: int) -> Path:
-        """Write float32 WAV (lossless) to a temporary file, fsync, and rename it to a fresh unique name."""
-        final = self.audio_dir / f"{name}-{uuid.uuid4().hex[:12]}.wav"
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=_PART_SUFFIX, dir=self.audio_dir)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                sf.write(fh, samples, rate, format="WAV", subtype="FLOAT")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return final
-
     def sweep(self, min_age_s: float = 60.0) -> list[Path]:
         """Remove temporary files and audio files no row points at (left by a crash); returns them.
 
@@ -417,12 +372,4 @@ class VoiceRegistry:
             referenced = {
                 r[0] for r in db.execute("SELECT audio_file FROM voices WHERE audio_file IS NOT NULL")
             }
-        removed = []
-        for path in self.audio_dir.iterdir():
-            is_old = time.time() - path.stat().st_mtime >= min_age_s
-            is_part = path.name.endswith(_PART_SUFFIX)
-            is_orphan = path.suffix == ".wav" and path.name not in referenced
-            if is_old and (is_part or is_orphan):
-                path.unlink(missing_ok=True)
-                removed.append(path)
-        return removed
+        return sweep_audio(self.audio_dir, referenced, min_age_s)
