@@ -41,6 +41,10 @@ MEL_LENGTHS = (70, 128, 298, 598)  # mel frames
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 KV_BUCKETS = (256, 512, 1024, 2048)
 N_LAYER, N_HEAD, HEAD_DIM, WIDTH = 24, 16, 32, 512  # the T2S decoder of v3
+# bigvgan_v2_24khz_100band_256x (voicehub.models.gpt_sovits.bigvgan.checkpoint), written out so the
+# kernel sections import no model package: upsample_initial_channel, upsample_rates, and
+# 3 resblocks x 3 dilations x 2 activations (AMPBlock1) after each upsampler
+BIGVGAN_CHANNELS, BIGVGAN_UPSAMPLE_RATES, BIGVGAN_ACTS_PER_STAGE = 1536, (4, 4, 2, 2, 2, 2), 18
 GRAPH_CALLS = 24  # calls per captured graph (one per decoder layer for attention)
 
 
@@ -169,13 +173,10 @@ def _is_float(a: Any) -> bool:
 
 def snake_stages(mel_len: int) -> list[tuple[int, int, int]]:
     """(channels, samples, activations per forward) of each BigVGAN v2 24 kHz 256x stage."""
-    from voicehub.models.gpt_sovits.bigvgan.checkpoint import V2_24KHZ_100BAND_256X as cfg
-
-    ch, t, stages = cfg["upsample_initial_channel"], mel_len, []
-    n_acts = 2 * sum(len(d) for d in cfg["resblock_dilation_sizes"])  # AMPBlock1: two per dilation
-    for rate in cfg["upsample_rates"]:
+    ch, t, stages = BIGVGAN_CHANNELS, mel_len, []
+    for rate in BIGVGAN_UPSAMPLE_RATES:
         ch, t = ch // 2, t * rate
-        stages.append((ch, t, n_acts))
+        stages.append((ch, t, BIGVGAN_ACTS_PER_STAGE))
     stages.append((ch, t, 1))  # activation_post
     return stages
 
