@@ -61,7 +61,7 @@ def solve(
     d = 1 / n_steps
     d_tensor = torch.full((b,), d, device=x.device, dtype=mu.dtype)
     text_emb, d_emb = estimator.condition(mu, d_tensor)
-    dt = torch.tensor(d, device=x.device, dtype=x.dtype)
+    dt = torch.full((), d, device=x.device, dtype=x.dtype)  # a fill, not a host copy: capturable
     t = 0.0
     for _ in range(n_steps):
         # t accumulates as a Python float, like upstream, so step times match bit for bit.
