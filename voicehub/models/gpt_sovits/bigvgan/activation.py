@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ANTI_ALIAS_SNAKE = "bigvgan.anti_alias_snake"  # the op's name in a kernel registry
+# The op's name in the kernel registry (re-exported here so callers of the model need not know it).
+from voicehub.runtime.kernels.registry import ANTI_ALIAS_SNAKE  # noqa: F401  (re-exported)
+
 RATIO = 2  # up/down-sampling ratio around the activation
 FILTER_TAPS = 12  # kaiser-windowed sinc taps of both filters
 SNAKE_EPS = 1e-9  # keeps 1/beta finite, as upstream
