@@ -9,11 +9,14 @@ including its quirks, so that for the same weights, inputs and seed it emits ups
 - a step stops on EOS when the sampled token is EOS *or* the argmax of the penalized logits is;
 - the cap: after step idx, stop when idx + 1 > early_stop_num or idx == 1499; upstream's callers
   then keep `y[-idx:]`, i.e. the last early_stop_num of the early_stop_num + 1 tokens drawn.
+
+Each step also records how close its decision was (`DecodeResult.decision_margins`), so that a
+fast path can be held to eager's tokens wherever the decision was not a near-tie.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
@@ -69,15 +72,37 @@ class T2SSamplingParams:
         return cls(**{**base, **overrides})
 
 
+def _empty() -> torch.Tensor:
+    return torch.zeros(0)
+
+
 @dataclass(frozen=True)
 class DecodeResult:
-    """tokens: [N] long semantic tokens (EOS excluded); margins: [steps] float32, top-1 minus top-2
-    of the penalized logits at each step (the values greedy decoding compares)."""
+    """One decoded request; per-step tensors have one entry per step (n_steps), on the CPU.
+
+    tokens: [N] long semantic tokens (EOS excluded).
+    margins: [steps] float32, top-1 minus top-2 of the penalized logits (logit units).
+    decision_margins: [steps] float32, the margin of the decision the step actually took:
+      - a logit margin (as `margins`) where the step was an argmax: top_k 1, or filtering left a
+        single candidate, so only the order of the penalized logits decides;
+      - a race margin (natural-log units) where the exponential race `argmax(probs / q)` chose
+        among >= 2 candidates: log r[token] - max over j != token of log r[j], with
+        r = probs / q and log r = log(probs) - log(q) in float32 from eager's own probs and noise.
+        It is scale-free (normalising probs or scaling q shifts every log r alike) and says how
+        far the log-probabilities may move (by up to half of it each) before another token wins;
+        a logit error d moves log r by about d / temperature. Negative only where eager's own
+        lower-precision race and the float32 recomputation disagree (a tie in the model dtype).
+      It does not see changes of the candidate set (a top-k/top-p boundary token moving in or out).
+    is_race: [steps] bool, True where decision_margins is a race margin, False for a logit margin.
+    Paths other than eager may leave margins, decision_margins and is_race empty.
+    """
 
     tokens: torch.Tensor
     stop_reason: StopReason
     n_steps: int
     margins: torch.Tensor
+    decision_margins: torch.Tensor = field(default_factory=_empty)
+    is_race: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -115,16 +140,41 @@ def reference_probs(
     return torch.softmax(logits, dim=-1), penalized
 
 
+def race_noise(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The race's noise q ~ Exp(1), [B, V] in probs' dtype (one draw of V values per row from `generator`)."""
+    return torch.empty_like(probs).exponential_(1, generator=generator)
+
+
 def draw_token(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Exponential-race draw, as gpt-fast's `multinomial_sample_one_no_sync`: [B, V] -> [B] long."""
-    q = torch.empty_like(probs).exponential_(1, generator=generator)
-    return torch.argmax(probs / q, dim=-1)
+    return torch.argmax(probs / race_noise(probs, generator), dim=-1)
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:
     # logits: [B, V] -> [B] float32
     top = torch.topk(logits.float(), 2, dim=-1).values
     return top[:, 0] - top[:, 1]
+
+
+def race_margin(probs: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """log r[token] - max_{j != token} log r[j], r = probs / q, in float32 (see DecodeResult).
+    probs, q: [B, V]; token: [B] long -> [B] float32; +inf where token is the only candidate."""
+    log_r = probs.float().log() - q.float().log()  # zero probs give -inf: never a rival
+    chosen = log_r.gather(1, token[:, None])[:, 0]
+    rival = log_r.scatter(1, token[:, None], float("-inf")).amax(dim=-1)
+    return chosen - rival
+
+
+def decision_margin(
+    probs: torch.Tensor, q: torch.Tensor, token: torch.Tensor, penalized: torch.Tensor, is_argmax: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(margin [B] float32, is_race [B] bool) of one step's decision, computed on the device (no sync).
+    probs, q, penalized: [B, V]; token: [B] long; is_argmax: the parameters make every step an argmax."""
+    logit = top2_margin(penalized)
+    if is_argmax:
+        return logit, torch.zeros_like(logit, dtype=torch.bool)
+    is_race = (probs > 0).sum(dim=-1) >= 2  # one candidate: the race is an argmax of the logits
+    return torch.where(is_race, race_margin(probs, q, token), logit), is_race
 
 
 def _step_layers(model: T2SModel, x: torch.Tensor, keys: list, values: list) -> torch.Tensor:
@@ -178,13 +228,17 @@ def decode(
     gen = make_generator(params.seed, dev)
     cap = params.max_new_tokens or cfg.early_stop_num
     forced = params.force_n_tokens
-    history, margins = prompt[None], []
+    history, margins, decisions, races = prompt[None], [], [], []
     for idx in range(forced or MAX_DECODE_STEPS):
         if forced is not None or idx < EOS_BLOCKED_STEPS:
             logits = logits[:, : cfg.eos]  # upstream slices EOS off (EOS is the last id)
         probs, penalized = reference_probs(logits, history, params)
-        token = draw_token(probs, gen)
+        q = race_noise(probs, gen)
+        token = torch.argmax(probs / q, dim=-1)  # draw_token, with q kept for the margin
         margins.append(top2_margin(penalized))
+        decision, is_race = decision_margin(probs, q, token, penalized, params.top_k == 1)
+        decisions.append(decision)
+        races.append(is_race)
         history = torch.cat([history, token[:, None]], dim=1)
         is_eos = forced is None and bool(token[0] == cfg.eos or penalized.argmax(-1)[0] == cfg.eos)
         if is_eos:
@@ -201,4 +255,11 @@ def decode(
     else:
         reason = StopReason.MAX_TOKENS
         generated = generated[generated.shape[0] - idx :]  # upstream's y[:, -idx:]
-    return DecodeResult(generated.clone(), reason, idx + 1, torch.cat(margins).cpu())
+    return DecodeResult(
+        generated.clone(),
+        reason,
+        idx + 1,
+        torch.cat(margins).cpu(),
+        torch.cat(decisions).cpu(),
+        torch.cat(races).cpu(),
+    )
