@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.config import FULL_V3
-from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode
+from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode, race_margin
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import (
     logit_margins,
     make_t2s_checkpoint,
@@ -103,6 +104,60 @@ def test_force_n_tokens_suppresses_eos(tiny):
     assert int(result.tokens.max()) < config.eos
     # both runs drop EOS from the first 11 draws, so those draws (and tokens) are the same
     assert result.tokens[:11].tolist() == case["tokens"][:11]
+
+
+def test_race_margin_by_hand():
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0]])
+    q = torch.tensor([[1.0, 0.5, 2.0, 1.0]])  # race values 0.5, 0.6, 0.1, 0: token 1 wins over token 0
+    token = torch.argmax(probs / q, dim=-1)
+    assert token.tolist() == [1]
+    assert race_margin(probs, q, token).item() == pytest.approx(math.log(0.6) - math.log(0.5), abs=1e-6)
+
+
+def test_race_margin_is_the_room_before_the_decision_flips():
+    """Raising the best rival's log-probability by just under the margin keeps the token; just over flips it."""
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(64, 50, generator=gen) * 3, dim=-1)
+    q = torch.empty_like(probs).exponential_(1, generator=gen)
+    token = torch.argmax(probs / q, dim=-1)
+    margin = race_margin(probs, q, token)
+    rival = (probs / q).scatter(1, token[:, None], 0.0).argmax(dim=-1)
+    assert bool((margin > 0).all())
+    for factor, same in ((0.99, True), (1.01, False)):
+        moved = probs.scatter(
+            1, rival[:, None], probs.gather(1, rival[:, None]) * (factor * margin[:, None]).exp()
+        )
+        assert bool((torch.argmax(moved / q, dim=-1) == token).all()) == same
+
+
+def test_decision_margins_greedy_are_logit_margins(tiny):
+    _, model, config = tiny
+    phones, bert, prompt = random_prompt(config, 15, 12, seed=4)
+    result = decode(model, phones, bert, prompt, T2SSamplingParams.greedy(force_n_tokens=30))
+    assert result.decision_margins.shape == result.margins.shape == result.is_race.shape == (30,)
+    assert not bool(result.is_race.any())
+    assert torch.equal(result.decision_margins, result.margins)
+
+
+def test_decision_margins_sampled_are_race_margins(tiny):
+    """Sampled steps report the race margin (not the logit one); fp32 eager never contradicts its own race."""
+    _, model, config = tiny
+    phones, bert, prompt = random_prompt(config, 15, 12, seed=4)
+    result = decode(
+        model, phones, bert, prompt, T2SSamplingParams(seed=3, top_k=5, top_p=1.0, force_n_tokens=60)
+    )
+    assert bool(result.is_race.all())  # top_k 5 without nucleus: always five candidates
+    assert bool((result.decision_margins >= -1e-5).all()), result.decision_margins
+    assert not torch.allclose(result.decision_margins, result.margins)
+
+
+def test_single_candidate_steps_fall_back_to_logit_margins(tiny):
+    """A nucleus so small that only the top token survives makes every step an argmax of the logits."""
+    _, model, config = tiny
+    phones, bert, prompt = random_prompt(config, 15, 12, seed=4)
+    result = decode(model, phones, bert, prompt, T2SSamplingParams(seed=3, top_p=1e-3, force_n_tokens=30))
+    assert not bool(result.is_race.any())
+    assert torch.equal(result.decision_margins, result.margins)
 
 
 def test_tiny_checkpoint_is_not_degenerate(tiny):
