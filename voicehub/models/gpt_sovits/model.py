@@ -19,7 +19,8 @@ from voicehub.models.gpt_sovits.pipeline import SAMPLE_RATE, Pipeline
 from voicehub.models.gpt_sovits.reference import ReferenceCache, Voice
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.ssl import HubertEncoder
-from voicehub.models.gpt_sovits.t2s import load_t2s
+from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, load_t2s
+from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.runtime.cuda_graphs import GraphPreset
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.limits import check_text
@@ -34,18 +35,39 @@ def build_frontend(files: ModelFiles, g2pw_model_dir: str | Path | None = None) 
     return TextFrontend(g2pw_model_dir=g2pw_model_dir, bert_dir=files.bert if g2pw_model_dir else None)
 
 
+def uses_graph_decoder(device: torch.device, preset: GraphPreset) -> bool:
+    """Whether T2S decodes through CUDA graphs: on a CUDA device with a capturing preset."""
+    return device.type == "cuda" and GraphPreset(preset) is not GraphPreset.OFF
+
+
+def build_t2s_decoder(
+    t2s: T2SModel, config: T2SConfig, device: torch.device, preset: GraphPreset
+) -> T2SGraphDecoder | None:
+    """The model's one graph decoder (capturing now for full/minimal), or None for the eager reference."""
+    if not uses_graph_decoder(device, preset):
+        return None
+    engine = StaticDecodeConfig.for_checkpoint(config)
+    log.info(
+        "GPT-SoVITS v3 T2S: CUDA-graph decoder, preset %s, %d KV slots, buckets %s",
+        GraphPreset(preset).value, engine.max_seq_len, engine.buckets,
+    )  # fmt: skip
+    return T2SGraphDecoder(t2s, engine, GraphPreset(preset).value)
+
+
 def build_pipeline(
     files: ModelFiles,
     device: torch.device,
     dtype: torch.dtype,
     frontend: TextFrontend | None = None,
     cache: ReferenceCache | None = None,
+    cuda_graph_preset: GraphPreset = GraphPreset.OFF,
 ) -> Pipeline:
     """Read every file through its strict loader and assemble the pipeline on `device` in `dtype`.
 
     frontend: the text frontend to use (default: `build_frontend(files)`, pypinyin polyphones).
+    cuda_graph_preset: full/minimal/lazy decode T2S through graphs on CUDA; off keeps the eager path.
     """
-    t2s, _ = load_t2s(files.gpt, device, dtype)
+    t2s, t2s_config = load_t2s(files.gpt, device, dtype)
     # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
     sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base).to(device=device, dtype=dtype)
     vocoder = load_bigvgan(files.bigvgan).to(device=device, dtype=dtype)
@@ -53,8 +75,9 @@ def build_pipeline(
     bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
     frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
+    decoder = build_t2s_decoder(t2s, t2s_config, device, cuda_graph_preset)
     return Pipeline(
-        frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id
+        frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id, decoder
     )
 
 
@@ -86,8 +109,9 @@ class GptSovitsModel(TTSModel):
         self.files = files
         self.device = device
         self.dtype = dtype
-        # Recorded for the optimization manifest; the graph runner that uses it is issue 4's work.
-        self.cuda_graph_preset = cuda_graph_preset
+        # Engine configuration: on CUDA, anything but 'off' decodes T2S through one T2SGraphDecoder
+        # built with the weights; the optimization manifest records it in its context.
+        self.cuda_graph_preset = GraphPreset(cuda_graph_preset)
         self.voice_registry = voice_registry
         # Used when a request names no voice (e.g. a server's warm-up); a Voice, a registry name or a
         # mapping of Voice's fields. Resolved per request, so a registry edit is seen.
@@ -122,9 +146,28 @@ class GptSovitsModel(TTSModel):
             "sample_rate": self.sample_rate,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
-            "cuda_graph_preset": GraphPreset(self.cuda_graph_preset).value,
+            "cuda_graph_preset": self.cuda_graph_preset.value,
+            "t2s_decode": self.t2s_decode_info,
             "text_frontend": self.text_frontend_info,
         }
+
+    @property
+    def t2s_decode_info(self) -> dict[str, Any]:
+        """How T2S decodes: `path` ('cuda_graphs' or 'eager'), and why, or the graph engine's sizes."""
+        if not uses_graph_decoder(self.device, self.cuda_graph_preset):
+            why = (
+                "cuda_graph_preset is 'off'"
+                if self.device.type == "cuda"
+                else f"no CUDA graphs on {self.device.type}"
+            )
+            return {"path": "eager", "reason": why}
+        info: dict[str, Any] = {"path": "cuda_graphs", "preset": self.cuda_graph_preset.value}
+        decoder = self._pipeline.t2s_decoder if self._pipeline is not None else None
+        if decoder is not None:
+            info["max_seq_len"] = decoder.engine.max_seq_len
+            info["kv_buckets"] = list(decoder.engine.buckets)
+            info["captured"] = len(decoder.graphs.captured_buckets)
+        return info
 
     @property
     def is_runtime_loaded(self) -> bool:
@@ -143,7 +186,7 @@ class GptSovitsModel(TTSModel):
 
     def _load(self) -> None:
         self._pipeline = build_pipeline(
-            self.files, self.device, self.dtype, self.frontend, self.reference_cache
+            self.files, self.device, self.dtype, self.frontend, self.reference_cache, self.cuda_graph_preset
         )
 
     # -- requests --------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ Every fast path (issue 4: static KV, graphs, sub-sentence streaming) is held to 
 
 from __future__ import annotations
 
+import logging
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,8 @@ from voicehub.models.gpt_sovits.reference import (
 )
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
-from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, decode
+from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
+from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.text.cut import SPLITS
 from voicehub.text.frontend import TextFrontend, TextSegment
 from voicehub.text.options import Language
@@ -52,6 +55,7 @@ SAMPLE_RATE = 24000  # Hz, BigVGAN v2 24 kHz output
 SPEC = SpecConfig()  # v3 reference spectrogram: 32 kHz, 2048 / 640 / 2048
 EDGE_FADE_S = 0.005  # fade at sentence edges that meet a pause
 MAX_SEED = 2**63
+log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,9 +116,15 @@ class Pipeline:
         dtype: torch.dtype,
         cache: ReferenceCache | None = None,
         model_id: str = "",
+        t2s_decoder: T2SGraphDecoder | None = None,
     ):
+        """t2s_decoder: the graph-captured decoder that owns the T2S GPU state (None: the eager
+        reference `decode`, as on the CPU or with cuda_graph_preset 'off')."""
         self.frontend, self.hubert, self.bert = frontend, hubert, bert
         self.t2s, self.sovits, self.vocoder = t2s, sovits, vocoder
+        self.t2s_decoder = t2s_decoder
+        # The decoder's static buffers serve one decode at a time.
+        self._t2s_lock = threading.Lock()
         self.device, self.dtype = device, dtype
         self.cache = cache if cache is not None else ReferenceCache()
         self.model_id = model_id or f"pipeline-{id(self)}"
@@ -189,7 +199,16 @@ class Pipeline:
         """T2S: semantic tokens of one sentence, prompted by the reference."""
         phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=self.device)
         bert = torch.cat([ref.bert, sentence.bert], dim=1)  # [1024, P_ref + P]
-        return decode(self.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+        request = T2SRequest(phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+        if self.t2s_decoder is not None:
+            if self.t2s_decoder.fits(request):
+                with self._t2s_lock:
+                    return self.t2s_decoder.decode([request])[0]
+            log.warning(
+                "T2S request needs %d KV slots, the graph decoder holds %d: decoding it eagerly",
+                self.t2s_decoder.slots_needed(request), self.t2s_decoder.engine.max_seq_len,
+            )  # fmt: skip
+        return decode(self.t2s, phone_ids, bert, ref.prompt_tokens, request.params)
 
     @torch.inference_mode()
     def synthesize_sentence(

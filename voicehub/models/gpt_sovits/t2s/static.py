@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from voicehub.models.gpt_sovits.t2s.config import EOS_BLOCKED_STEPS, MAX_DECODE_STEPS
+from voicehub.models.gpt_sovits.t2s.config import EOS_BLOCKED_STEPS, MAX_DECODE_STEPS, T2SConfig
 from voicehub.models.gpt_sovits.t2s.decode import (
     DecodeResult,
     StopReason,
@@ -29,6 +29,12 @@ from voicehub.models.gpt_sovits.t2s.decode import (
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
 from voicehub.runtime.sampling import SamplingBuffers, sample
+
+# KV slots kept for the prompt (reference phonemes + sentence phonemes + reference semantic tokens):
+# a 10 s reference is 250 tokens, leaving ~260 phonemes; longer requests take the eager path.
+PROMPT_ROOM = 512
+SLOT_ROUNDING = 256  # max_seq_len is rounded up to a multiple of this (friendlier attention shapes)
+DEFAULT_KV_BUCKETS = (256, 512, 1024)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,17 @@ class StaticDecodeConfig:
             raise ValueError(
                 f"kv_buckets {self.kv_buckets} must be non-empty, each in [1, max_seq_len={self.max_seq_len}]"
             )
+
+    @classmethod
+    def for_checkpoint(
+        cls, config: T2SConfig, *, prompt_room: int = PROMPT_ROOM, max_batch: int = 1
+    ) -> StaticDecodeConfig:
+        """Sizes for one checkpoint: room for the prompt plus the most steps a default request
+        takes (the checkpoint's cap hz * max_sec + 1, at most upstream's 1500-step loop)."""
+        n_steps = min(config.early_stop_num + 1, MAX_DECODE_STEPS)
+        max_seq_len = -(-(prompt_room + n_steps) // SLOT_ROUNDING) * SLOT_ROUNDING
+        buckets = tuple(b for b in DEFAULT_KV_BUCKETS if b < max_seq_len)
+        return cls(max_batch=max_batch, max_seq_len=max_seq_len, kv_buckets=buckets or (max_seq_len,))
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -214,6 +231,14 @@ class T2SStaticDecoder:
             return params.force_n_tokens, params.force_n_tokens
         cap = params.max_new_tokens or self.model.config.early_stop_num
         return cap, min(cap + 1, MAX_DECODE_STEPS)
+
+    def slots_needed(self, req: T2SRequest) -> int:
+        """KV slots the request may use: its prompt plus the most steps it can take."""
+        return req.phone_ids.shape[0] + req.prompt_tokens.shape[0] + self._step_limit(req.params)[1]
+
+    def fits(self, req: T2SRequest) -> bool:
+        """Whether the static cache holds the request (else `decode` refuses it)."""
+        return self.slots_needed(req) <= self.engine.max_seq_len
 
     def _load_row(self, row: int, req: T2SRequest) -> tuple[torch.Tensor, int, int]:
         """Prefill one request into its row; returns (first logits [V], prompt length, step limit)."""
