@@ -93,20 +93,29 @@ def filtered_probs(logits: torch.Tensor, buf: SamplingBuffers) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw(
+    probs: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+) -> torch.Tensor:
     """Exponential race: argmax(probs / q), q ~ Exp(1), one draw per entry. probs: [B, V] -> [B] long.
-    Equivalent to a multinomial draw but with no host sync and a fixed amount of RNG per call."""
+    Equivalent to a multinomial draw but with no host sync and a fixed amount of RNG per call.
+    noise: precomputed q [B, >= V] (per-row streams, `runtime/row_rng.py`); the race then runs in
+    float32 and `generator` is not used."""
+    if noise is not None:
+        return torch.argmax(probs.float() / noise[:, : probs.shape[1]], dim=-1)
     q = torch.empty_like(probs).exponential_(1, generator=generator)
     return torch.argmax(probs / q, dim=-1)
 
 
 def sample(
-    logits: torch.Tensor, buf: SamplingBuffers, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    buf: SamplingBuffers,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole chain. logits: [B, V'] -> (tokens [B] long, penalized logits [B, V']).
 
     V' may be smaller than the buffers' vocabulary (a caller that drops trailing ids); the noise
     draw is then V' wide, as it would be for a scalar implementation given the narrowed logits.
-    Does not update `buf.seen`; the caller marks tokens it keeps."""
+    noise: see `draw`. Does not update `buf.seen`; the caller marks tokens it keeps."""
     penalized = penalize_repeats(logits, buf.seen[:, : logits.shape[1]], buf.repetition_penalty)
-    return draw(filtered_probs(penalized, buf), generator), penalized
+    return draw(filtered_probs(penalized, buf), generator, noise), penalized

@@ -143,10 +143,12 @@ def sample_step(
     state: DecodeState,
     logits: torch.Tensor,
     buf: SamplingBuffers,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     drop_eos: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Choose each row's next token and update its stop state, on the device. logits: [B, V] -> [B].
+    noise: per-row Exp(1) noise [B, V] (`runtime/row_rng.py`) used instead of `generator`.
 
     drop_eos (static, chosen by the host when every row has EOS blocked: the first 11 steps, or all
     rows forced) samples from logits[:, :EOS] as upstream does, so the noise draw has upstream's
@@ -158,7 +160,7 @@ def sample_step(
     else:
         logits = logits.clone()
         logits[:, eos] = logits[:, eos].masked_fill(blocked, float("-inf"))
-    tokens, penalized = sample(logits, buf, generator)
+    tokens, penalized = sample(logits, buf, generator, noise)
     is_eos = ~blocked & ((tokens == eos) | (penalized.argmax(dim=-1) == eos))
     n_sampled = state.step + 1
     hit_cap = torch.where(
@@ -182,16 +184,17 @@ def decode_step(
     cache: StaticKVCache,
     state: DecodeState,
     buf: SamplingBuffers,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     n_slots: int,
     drop_eos: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token for every row: forward the last token, sample the next, advance live rows.
     No host sync and no branch on tensor values; n_slots (the KV bucket) and drop_eos are static
     choices of the host, one captured graph per combination."""
     logits = forward_step(model, cache, state.tokens, state.audio_pos, n_slots)
     live = ~state.done  # rows that consumed a slot this step
-    tokens = sample_step(model, state, logits, buf, generator, drop_eos)
+    tokens = sample_step(model, state, logits, buf, generator, drop_eos, noise)
     cache.advance(live)
     state.audio_pos.add_(live.long())
     return tokens
