@@ -8,7 +8,7 @@ family's `optimization_targets()` supplies the transform that does it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -38,6 +38,10 @@ class Technique:
     dtypes: frozenset[DType] = ALL_DTYPES
     gpu_archs: frozenset[str] | None = None  # None: any architecture
     distribution: str | None = None  # a PyPI distribution that must be installed (read from metadata)
+    # Declared for the family's design but with no transform yet: the family's
+    # optimization_targets() offers a transform whose validate() raises this reason, so an explicit
+    # request fails before anything changes (auto never selects it: no evidence can exist for it).
+    not_implemented: str | None = None
 
     def unmet(self, device_type: str, dtype: DType, gpu_arch: str | None) -> str | None:
         """Why this technique cannot run on (device, dtype, arch), or None when it can."""
@@ -61,6 +65,10 @@ class FamilyCapabilities:
     def for_feature(self, feature: Feature) -> tuple[Technique, ...]:
         return tuple(t for t in self.techniques if t.feature == feature)
 
+    def not_implemented(self) -> tuple[Technique, ...]:
+        """Techniques declared without a transform yet (see `Technique.not_implemented`)."""
+        return tuple(t for t in self.techniques if t.not_implemented is not None)
+
 
 _FA4 = Technique(
     Feature.ATTENTION,
@@ -79,37 +87,51 @@ _COMPILE = Technique(
     Feature.COMPILE, "torch_compile", TechniqueKind.EXACT, "torch.compile of the hot modules"
 )
 
+_NOT_YET = "not implemented yet for gpt-sovits-v3"
+
 GPT_SOVITS_V3 = FamilyCapabilities(
     model_type="gpt-sovits-v3",
     techniques=(
-        _FA4,
-        _SDPA,
+        replace(_FA4, summary=f"[{_NOT_YET}] " + _FA4.summary, not_implemented=_NOT_YET),
+        replace(
+            _SDPA,
+            summary=f"[{_NOT_YET}: the native T2S attention already calls SDPA] " + _SDPA.summary,
+            not_implemented=f"{_NOT_YET}: the native T2S attention already calls torch SDPA; use native",
+        ),
         Technique(
             Feature.KERNELS,
             "triton",
             TechniqueKind.EXACT,
-            "Triton kernels: fused anti-aliased Snake (BigVGAN), fused norms and residuals",
+            "Triton kernels: fused anti-aliased Snake (BigVGAN); T2S static-KV decode attention over "
+            "true lengths and residual + LayerNorm (CUDA-graph decoder)",
             devices=CUDA_ONLY,
             distribution="triton",
         ),
         Technique(
-            Feature.KERNELS, "torch", TechniqueKind.EXACT, "portable PyTorch versions of the fused ops"
+            Feature.KERNELS,
+            "torch",
+            TechniqueKind.EXACT,
+            "portable PyTorch versions of the fused ops (BigVGAN anti-aliased Snake, polyphase)",
         ),
-        _COMPILE,
+        replace(_COMPILE, summary=f"[{_NOT_YET}] " + _COMPILE.summary, not_implemented=_NOT_YET),
         Technique(
             Feature.DIFFUSION_SAMPLING,
             "cfm_short_schedule",
             TechniqueKind.APPROXIMATE,
-            "fewer CFM steps on a schedule chosen for few-step sampling",
+            f"[{_NOT_YET}] fewer CFM steps on a schedule chosen for few-step sampling",
+            not_implemented=_NOT_YET,
         ),
         Technique(
             Feature.DIFFUSION_CACHE,
             "dit_step_cache",
             TechniqueKind.APPROXIMATE,
-            "reuse DiT block outputs across neighbouring CFM steps",
+            f"[{_NOT_YET}] reuse DiT block outputs across neighbouring CFM steps",
+            not_implemented=_NOT_YET,
         ),
     ),
     notes=(
+        "implemented: kernels=triton and kernels=torch; the other techniques are declared but not "
+        "implemented yet, and an explicit request for one raises OptimizationNotImplementedError at optimize()",
         "cuda_extension: no compiled CUDA extension is shipped for this family yet",
         "diffusion_sampling and diffusion_cache are approximate: auto keeps them off until a "
         "fixed-seed comparison on a real checkpoint passes the quality gate",

@@ -14,6 +14,7 @@ from voicehub.models.base import TTSModel
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan
 from voicehub.models.gpt_sovits.files import ModelFiles
+from voicehub.models.gpt_sovits.optimization import gpt_sovits_transforms
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import SAMPLE_RATE, Pipeline
 from voicehub.models.gpt_sovits.reference import ReferenceCache, Voice
@@ -150,6 +151,10 @@ class GptSovitsModel(TTSModel):
             "t2s_decode": self.t2s_decode_info,
             "text_frontend": self.text_frontend_info,
         }
+
+    def optimization_targets(self) -> list:
+        """The reversible transforms of `optimize()` (see gpt_sovits/optimization.py)."""
+        return gpt_sovits_transforms(self)
 
     @property
     def t2s_decode_info(self) -> dict[str, Any]:

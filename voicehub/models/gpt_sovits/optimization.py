@@ -1,0 +1,99 @@
+"""The optimization layer's transforms for GPT-SoVITS v3: named, reversible, applied from outside.
+
+`kernel_backend` torch / triton routes BigVGAN's anti-aliased Snake through the kernel registry's
+implementation on that backend (`BigVGAN.set_activation_kernel`); undo puts the previous function
+back. The model code never picks a kernel: it calls whatever function its instance holds.
+Techniques that the family's capability record declares but that have no transform yet get a
+placeholder whose `validate()` raises `OptimizationNotImplementedError`, so an explicit request
+fails before anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from voicehub.optimization.config import KernelBackend
+from voicehub.optimization.errors import OptimizationUnsupportedError
+from voicehub.optimization.families import FAMILY_CAPABILITIES, Technique
+from voicehub.runtime.kernels import registry
+
+if TYPE_CHECKING:
+    from voicehub.models.gpt_sovits.model import GptSovitsModel
+
+Undo = Callable[[], None]
+KERNEL_BACKENDS = (KernelBackend.TORCH, KernelBackend.TRITON)  # the backends with a transform here
+
+
+class OptimizationNotImplementedError(OptimizationUnsupportedError):
+    """A technique the family declares for its design but has not implemented yet; nothing changed."""
+
+
+@dataclass
+class KernelBackendTransform:
+    """kernels=<backend>: BigVGAN's anti-aliased activation through the registry's `backend` op."""
+
+    model: GptSovitsModel
+    backend: KernelBackend
+    feature: str = "kernels"
+
+    @property
+    def name(self) -> str:
+        return f"gpt_sovits.bigvgan.anti_alias_snake.{self.backend.value}"
+
+    @property
+    def technique(self) -> str:
+        return self.backend.value
+
+    def validate(self) -> None:
+        """Raise, changing nothing, when the backend cannot run the op on the model's device."""
+        reason = registry.available(registry.ANTI_ALIAS_SNAKE, self.backend.value, self.model.device)
+        if reason is not None:
+            raise OptimizationUnsupportedError(
+                f"kernel_backend={self.backend.value!r} cannot run here: {reason}; use kernel_backend='native'"
+            )
+
+    def apply(self) -> Undo:
+        kernel = registry.resolve(registry.ANTI_ALIAS_SNAKE, self.backend.value, self.model.device)
+        vocoder = self.model.pipeline.vocoder  # reads the weights now if the model is lazy
+        previous = vocoder.set_activation_kernel(kernel)
+        return lambda: vocoder.set_activation_kernel(previous)
+
+
+@dataclass(frozen=True)
+class NotImplementedTransform:
+    """The placeholder of a declared technique without a transform: validate() says so."""
+
+    model_type: str
+    tech: Technique
+
+    @property
+    def name(self) -> str:
+        return f"gpt_sovits.{self.tech.feature}.{self.tech.name}"
+
+    @property
+    def feature(self) -> str:
+        return str(self.tech.feature)
+
+    @property
+    def technique(self) -> str:
+        return self.tech.name
+
+    def validate(self) -> None:
+        raise OptimizationNotImplementedError(
+            f"{self.model_type}: {self.tech.feature}={self.tech.name!r} is {self.tech.not_implemented}; "
+            f"leave {self.tech.feature} at its native/disabled value"
+        )
+
+    def apply(self) -> Undo:  # never reached: optimize() validates every transform first
+        self.validate()
+        raise AssertionError("unreachable")
+
+
+def gpt_sovits_transforms(model: GptSovitsModel) -> list:
+    """Every transform the model offers: kernel backends, plus a placeholder per declared-only technique."""
+    caps = FAMILY_CAPABILITIES[model.model_type]
+    transforms: list = [KernelBackendTransform(model, b) for b in KERNEL_BACKENDS]
+    transforms += [NotImplementedTransform(model.model_type, t) for t in caps.not_implemented()]
+    return transforms
