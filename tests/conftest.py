@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run only in Triton's interpreter, and @triton.jit (and Triton's own
+# standard library) read TRITON_INTERPRET when first imported: set it before any test imports them.
+# Tests that check the no-GPU refusal delete it with monkeypatch.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
