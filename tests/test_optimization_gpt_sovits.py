@@ -50,7 +50,7 @@ def test_torch_kernels_apply_and_restore(model, reference_wav):  # noqa: F811
         np.testing.assert_allclose(optimized, native, rtol=0, atol=TOL)
         manifest = json.loads(result.manifest())
         assert manifest["applied"] == [
-            {"name": "gpt_sovits.bigvgan.anti_alias_snake.torch", "feature": "kernels", "technique": "torch"}
+            {"name": "gpt_sovits.kernels.torch", "feature": "kernels", "technique": "torch"}
         ]
         assert manifest["plan"]["context"]["cuda_graph_preset"] == "off"
         with pytest.raises(OptimizationStateError):

@@ -1,8 +1,11 @@
 """The optimization layer's transforms for GPT-SoVITS v3: named, reversible, applied from outside.
 
 `kernel_backend` torch / triton routes BigVGAN's anti-aliased Snake through the kernel registry's
-implementation on that backend (`BigVGAN.set_activation_kernel`); undo puts the previous function
-back. The model code never picks a kernel: it calls whatever function its instance holds.
+implementation on that backend (`BigVGAN.set_activation_kernel`); triton also routes the T2S graph
+decoder's step attention and post-norm residual + LayerNorm through the registry's DECODE_ATTENTION
+and ADD_LAYER_NORM (`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and
+with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
+code never picks a kernel: it calls whatever function its instance holds.
 Techniques that the family's capability record declares but that have no transform yet get a
 placeholder whose `validate()` raises `OptimizationNotImplementedError`, so an explicit request
 fails before anything changes.
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from voicehub.models.gpt_sovits.t2s.static import StepKernels
 from voicehub.optimization.config import KernelBackend
 from voicehub.optimization.errors import OptimizationUnsupportedError
 from voicehub.optimization.families import FAMILY_CAPABILITIES, Technique
@@ -32,7 +36,7 @@ class OptimizationNotImplementedError(OptimizationUnsupportedError):
 
 @dataclass
 class KernelBackendTransform:
-    """kernels=<backend>: BigVGAN's anti-aliased activation through the registry's `backend` op."""
+    """kernels=<backend>: the registry's `backend` implementations of this family's fused ops."""
 
     model: GptSovitsModel
     backend: KernelBackend
@@ -40,25 +44,47 @@ class KernelBackendTransform:
 
     @property
     def name(self) -> str:
-        return f"gpt_sovits.bigvgan.anti_alias_snake.{self.backend.value}"
+        return f"gpt_sovits.kernels.{self.backend.value}"
 
     @property
     def technique(self) -> str:
         return self.backend.value
 
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The registry ops this backend's transform routes."""
+        if self.backend is KernelBackend.TRITON:
+            return (registry.ANTI_ALIAS_SNAKE, registry.DECODE_ATTENTION, registry.ADD_LAYER_NORM)
+        return (registry.ANTI_ALIAS_SNAKE,)
+
     def validate(self) -> None:
-        """Raise, changing nothing, when the backend cannot run the op on the model's device."""
-        reason = registry.available(registry.ANTI_ALIAS_SNAKE, self.backend.value, self.model.device)
-        if reason is not None:
-            raise OptimizationUnsupportedError(
-                f"kernel_backend={self.backend.value!r} cannot run here: {reason}; use kernel_backend='native'"
-            )
+        """Raise, changing nothing, when the backend cannot run an op on the model's device."""
+        for op in self.ops:
+            reason = registry.available(op, self.backend.value, self.model.device)
+            if reason is not None:
+                raise OptimizationUnsupportedError(
+                    f"kernel_backend={self.backend.value!r} cannot run here: {reason}; use kernel_backend='native'"
+                )
 
     def apply(self) -> Undo:
-        kernel = registry.resolve(registry.ANTI_ALIAS_SNAKE, self.backend.value, self.model.device)
-        vocoder = self.model.pipeline.vocoder  # reads the weights now if the model is lazy
-        previous = vocoder.set_activation_kernel(kernel)
-        return lambda: vocoder.set_activation_kernel(previous)
+        kernels = {op: registry.resolve(op, self.backend.value, self.model.device) for op in self.ops}
+        pipe = self.model.pipeline  # reads the weights now if the model is lazy
+        previous = pipe.vocoder.set_activation_kernel(kernels[registry.ANTI_ALIAS_SNAKE])
+        undos: list[Undo] = [lambda: pipe.vocoder.set_activation_kernel(previous)]
+        if registry.DECODE_ATTENTION in kernels and pipe.t2s_decoder is not None:
+            step = StepKernels(kernels[registry.DECODE_ATTENTION], kernels[registry.ADD_LAYER_NORM])
+            try:
+                previous_step = pipe.set_t2s_step_kernels(step)
+            except BaseException:
+                undos[0]()  # atomic: undo the vocoder swap before re-raising
+                raise
+            undos.append(lambda: pipe.set_t2s_step_kernels(previous_step))
+
+        def undo() -> None:
+            for u in reversed(undos):
+                u()
+
+        return undo
 
 
 @dataclass(frozen=True)

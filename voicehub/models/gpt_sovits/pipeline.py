@@ -46,6 +46,7 @@ from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, de
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
+from voicehub.models.gpt_sovits.t2s.static import StepKernels
 from voicehub.text.cut import SPLITS
 from voicehub.text.frontend import TextFrontend, TextSegment
 from voicehub.text.options import Language
@@ -129,6 +130,14 @@ class Pipeline:
         self.cache = cache if cache is not None else ReferenceCache()
         self.model_id = model_id or f"pipeline-{id(self)}"
         self.mel = MelSpectrogram(V3_MEL).to(device)
+
+    def set_t2s_step_kernels(self, kernels: StepKernels) -> StepKernels:
+        """Route the graph decoder's step through `kernels` (waiting for a running decode); returns
+        the previous choice. The eager reference path takes no kernels: it raises without a decoder."""
+        if self.t2s_decoder is None:
+            raise RuntimeError("this pipeline decodes T2S eagerly (no graph decoder): no step kernels to set")
+        with self._t2s_lock:
+            return self.t2s_decoder.set_step_kernels(kernels)
 
     # -- text ------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
 from __future__ import annotations
 
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SStaticDecoder
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SStaticDecoder
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 
 GraphKey = tuple[int, int, bool]  # (batch rows, KV slots, drop_eos)
@@ -41,10 +41,21 @@ class T2SGraphDecoder(T2SStaticDecoder):
             common_buckets=common,
             generators=[self.generator],
         )
+        self._capture_at_load()
+
+    def _capture_at_load(self) -> None:
         if self.preset in (GraphPreset.FULL, GraphPreset.MINIMAL):
             self._reset()  # capture warm-ups run real steps on whatever the buffers hold
             self.graphs.capture_at_load()
             self._reset()
+
+    def set_step_kernels(self, kernels: StepKernels) -> StepKernels:
+        """Use `kernels` from now on: the captured graphs hold the old functions, so they are dropped
+        and captured again as the preset says (full/minimal now, the rest on first use)."""
+        previous = super().set_step_kernels(kernels)
+        self.graphs.reset()
+        self._capture_at_load()
+        return previous
 
     def _graph_step(self, key: GraphKey) -> None:
         n_rows, n_slots, drop_eos = key

@@ -13,6 +13,7 @@ full width instead (same greedy tokens; a different draw width, so sampled token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -79,6 +80,23 @@ class StaticDecodeConfig:
 
 
 @dataclass(frozen=True)
+class StepKernels:
+    """The functions a decode step calls for two fused ops (the kernel registry's signatures);
+    None keeps the model's own modules. An optimization transform sets them on a decoder instance.
+
+    attention: DECODE_ATTENTION `f(q [B, H, Dh], k, v [B, H, S, Dh], n_valid [B], scale) -> [B, H, Dh]`
+    (attends to the true length instead of a masked bucket);
+    add_layer_norm: ADD_LAYER_NORM `f(x, residual, weight, bias, eps) -> LayerNorm(x + residual)`
+    (both post-norm residuals of each layer)."""
+
+    attention: Callable[..., torch.Tensor] | None = None
+    add_layer_norm: Callable[..., torch.Tensor] | None = None
+
+
+NATIVE_KERNELS = StepKernels()
+
+
+@dataclass(frozen=True)
 class T2SRequest:
     """One sequence: phone_ids [Tx] long, bert [1024, Tx], prompt_tokens [Ty] long, and its params."""
 
@@ -123,18 +141,40 @@ class DecodeState:
         return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
 
 
+def _finish(
+    layer: torch.nn.Module, x: torch.Tensor, attn: torch.Tensor, kernels: StepKernels
+) -> torch.Tensor:
+    # x: [B, 1, D]; attn: [B, H, 1, D/H] -> [B, 1, D]; layer.finish with a fused residual + LayerNorm
+    if kernels.add_layer_norm is None:
+        return layer.finish(x, attn)
+    aln, n1, n2 = kernels.add_layer_norm, layer.norm1, layer.norm2
+    attn = layer.self_attn.out_proj(attn.transpose(1, 2).reshape(x.shape[0], 1, -1))
+    x = aln(x, attn, n1.weight, n1.bias, n1.eps)
+    return aln(x, layer.linear2(F.relu(layer.linear1(x))), n2.weight, n2.bias, n2.eps)
+
+
 def forward_step(
-    model: T2SModel, cache: StaticKVCache, tokens: torch.Tensor, audio_pos: torch.Tensor, n_slots: int
+    model: T2SModel,
+    cache: StaticKVCache,
+    tokens: torch.Tensor,
+    audio_pos: torch.Tensor,
+    n_slots: int,
+    kernels: StepKernels = NATIVE_KERNELS,
 ) -> torch.Tensor:
     """Run each row's last token through the decoder against its cached context.
     tokens, audio_pos: [B] long -> logits [B, V]. Writes K/V at slot `cache.lengths`; does not advance it."""
     x = model.embed_audio_at(tokens, audio_pos)  # [B, 1, D]
     mask = cache.step_mask(n_slots)  # [B, 1, 1, n_slots]
+    n_valid = cache.lengths + 1  # [B]: the cached slots and the token written this step
     for i, layer in enumerate(model.h.layers):
         q, k, v = layer.project_qkv(x)  # [B, H, 1, D/H]
         cache.append(i, k[:, :, 0], v[:, :, 0])
         keys, values = cache.view(i, n_slots)
-        x = layer.finish(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
+        if kernels.attention is None:
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        else:
+            attn = kernels.attention(q[:, :, 0], keys, values, n_valid, None)[:, :, None]
+        x = _finish(layer, x, attn, kernels)
     return model.logits(x[:, 0])
 
 
@@ -188,11 +228,13 @@ def decode_step(
     n_slots: int,
     drop_eos: bool = False,
     noise: torch.Tensor | None = None,
+    kernels: StepKernels = NATIVE_KERNELS,
 ) -> torch.Tensor:
     """One token for every row: forward the last token, sample the next, advance live rows.
-    No host sync and no branch on tensor values; n_slots (the KV bucket) and drop_eos are static
-    choices of the host, one captured graph per combination."""
-    logits = forward_step(model, cache, state.tokens, state.audio_pos, n_slots)
+    No host sync and no branch on tensor values; n_slots (the KV bucket), drop_eos and kernels
+    (the fused-op functions, `StepKernels`) are static choices of the host, one captured graph per
+    combination."""
+    logits = forward_step(model, cache, state.tokens, state.audio_pos, n_slots, kernels)
     live = ~state.done  # rows that consumed a slot this step
     tokens = sample_step(model, state, logits, buf, generator, drop_eos, noise)
     cache.advance(live)
@@ -219,13 +261,19 @@ class T2SStaticDecoder:
         self.state = DecodeState.allocate(self.engine.max_batch, self.engine.max_seq_len, w.device)
         # One generator for every decode, reseeded per call: a graph that captured it keeps using it.
         self.generator = torch.Generator(device=w.device)
+        self.kernels = NATIVE_KERNELS
+
+    def set_step_kernels(self, kernels: StepKernels) -> StepKernels:
+        """Use `kernels` in every later step; returns the previous choice (for undo)."""
+        previous, self.kernels = self.kernels, kernels
+        return previous
 
     def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
         """One decode step over rows [0, n_rows) against KV bucket n_slots (eager here; a graph
         runner replays a captured copy of exactly this call)."""
         decode_step(
             self.model, self.cache.narrow(n_rows), self.state.narrow(n_rows), self.buf.narrow(n_rows),
-            self.generator, n_slots, drop_eos,
+            self.generator, n_slots, drop_eos, kernels=self.kernels,
         )  # fmt: skip
 
     def _step_limit(self, params: T2SSamplingParams) -> tuple[int, int]:
