@@ -100,3 +100,55 @@ def test_every_declared_technique_has_a_transform(model):
     assert offered == {(str(t.feature), t.name) for t in caps.techniques}
     implemented = {t.name for t in caps.techniques if t.not_implemented is None}
     assert implemented == {"torch", "triton"}
+
+
+def test_triton_transform_routes_the_t2s_graph_decoder_and_undoes(model, monkeypatch):
+    """Wiring only (the kernels' results are held by test_t2s_runner and test_kernels_triton): the
+    registry is stubbed so the Triton transform can be applied on the CPU to a graph decoder."""
+    from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig
+    from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
+    from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StepKernels
+
+    def stub(op):
+        return lambda *args: None
+
+    stubs = {op: stub(op) for op in registry.ops()}
+    monkeypatch.setattr(registry, "available", lambda op, backend, device: None)
+    monkeypatch.setattr(registry, "resolve", lambda op, backend, device: stubs[op])
+    pipe = model.pipeline
+    engine = StaticDecodeConfig(max_seq_len=64, kv_buckets=(32,))
+    monkeypatch.setattr(pipe, "t2s_decoder", T2SGraphDecoder(pipe.t2s, engine, "off"))
+    transform = KernelBackendTransform(model, KernelBackend.TRITON)
+    transform.validate()
+    undo = transform.apply()
+    assert pipe.t2s_decoder.kernels == StepKernels(
+        stubs[registry.DECODE_ATTENTION], stubs[registry.ADD_LAYER_NORM]
+    )
+    assert _activation_kernels(model) == {stubs[registry.ANTI_ALIAS_SNAKE]}
+    undo()
+    assert pipe.t2s_decoder.kernels is NATIVE_KERNELS
+    assert _activation_kernels(model) == {anti_alias_snake_torch}
+
+
+@pytest.mark.gpu
+def test_cuda_triton_kernels_keep_tokens_and_audio_close(tiny_set, reference_wav):  # noqa: F811
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = load(tiny_set, device="cuda", dtype="float32", cuda_graph_preset="minimal")
+    voice = Voice(reference_wav, REFERENCE_TEXT, "en")
+    pipe = model.pipeline
+    sentence = pipe.text_features("A short test sentence.", Language.EN)
+    params = GptSovitsParams.build(None, speed=1.0, top_k=1, top_p=1.0, temperature=1.0,
+                                   repetition_penalty=1.0, max_new_tokens=40)  # fmt: skip
+    native = pipe.synthesize_sentence(pipe.reference(voice), sentence, params, seed=1)
+    result = model.optimize(TTSOptimizationConfig(kernel_backend="triton"))
+    try:
+        assert [a["technique"] for a in json.loads(result.manifest())["applied"]] == ["triton"]
+        fast = pipe.synthesize_sentence(pipe.reference(voice), sentence, params, seed=1)
+        assert fast.tokens.tolist() == native.tokens.tolist()
+        err = np.linalg.norm(fast.audio - native.audio) / max(np.linalg.norm(native.audio), 1e-9)
+        assert err <= 1e-3, err  # rel. L2, fp32 (the kernels' own tolerance)
+    finally:
+        model.restore_tts_optimization()
