@@ -26,6 +26,7 @@ from voicehub.models.gpt_sovits.t2s.model import T2SModel
 from voicehub.models.gpt_sovits.t2s.static import (
     DecodeState,
     StaticDecodeConfig,
+    StepKernels,
     T2SRequest,
     T2SStaticDecoder,
     decode_step,
@@ -69,9 +70,21 @@ class T2SRowEngine(T2SStaticDecoder):
         self._reset()  # every row free (done, length 0)
         keys = [(r, s) for r in self.engine.row_buckets for s in self.engine.buckets]
         self.graphs = BucketedGraphRunner(self._graph_step, keys, self.preset, self.device)
+        self._capture()
+
+    def _capture(self) -> None:
         if self.preset is GraphPreset.FULL:
             self.graphs.capture_at_load()  # warm-ups step free rows only: harmless
             self._reset()
+
+    def set_step_kernels(self, kernels: StepKernels) -> StepKernels:
+        """Use `kernels` from now on; the graphs are captured again, so no row may be busy."""
+        if self._n_prompt:
+            raise RuntimeError(f"rows {sorted(self._n_prompt)} are busy; change step kernels while idle")
+        previous = super().set_step_kernels(kernels)
+        self.graphs.reset()
+        self._capture()
+        return previous
 
     # -- RowEngine protocol -------------------------------------------------------------------
 
@@ -134,7 +147,15 @@ class T2SRowEngine(T2SStaticDecoder):
             row_keys(self.seed_lo[:n_rows], self.seed_hi[:n_rows], state.step), self.vocab
         )
         decode_step(
-            self.model, self.cache.narrow(n_rows), state, self.buf.narrow(n_rows), None, n_slots, False, noise
+            self.model,
+            self.cache.narrow(n_rows),
+            state,
+            self.buf.narrow(n_rows),
+            None,
+            n_slots,
+            False,
+            noise,
+            kernels=self.kernels,
         )
 
     @torch.inference_mode()
