@@ -106,3 +106,21 @@ def test_triton_step_kernels_keep_eager_greedy_tokens(ckpt):
         timeout=300,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_capture_warmups_leave_no_trace_mid_decode(ckpt):
+    # A capture on first use (lazy/minimal presets) runs warm-up steps in the middle of a decode.
+    model, config = load_t2s(ckpt, dtype="float32")
+    decoder = T2SGraphDecoder(model, ENGINE, preset="off")
+    req = T2SRequest(*random_prompt(config, 14, 17, 0), T2SSamplingParams(seed=4, top_k=5, force_n_tokens=30))
+    decoder._reset()
+    decoder._load_row(0, req)
+    decoder.generator.manual_seed(4)
+    before = [t.clone() for t in decoder._step_written()]
+    rng = decoder.generator.get_state()
+    with decoder.state_kept():
+        for _ in range(2):
+            decoder.step(1, 32, False)
+        assert not all(torch.equal(a, b) for a, b in zip(before, decoder._step_written()))
+    assert all(torch.equal(a, b) for a, b in zip(before, decoder._step_written()))
+    assert torch.equal(decoder.generator.get_state(), rng)

@@ -11,6 +11,7 @@ calls, no capture).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,8 @@ class BucketedGraphRunner:
     they run the step for real, so the owner resets its state after capture at load.
     generators: device RNGs the step draws from; registered with every graph so each replay
     advances them as an eager call would (and reseeding them between replays takes effect).
+    preserve: a context-manager factory wrapped around the warm-up calls, for owners whose step
+    has side effects that a capture on first use (mid-run) must not leave behind.
     """
 
     def __init__(
@@ -47,8 +50,10 @@ class BucketedGraphRunner:
         common_buckets: Sequence[Hashable] = (),
         warmup_calls: int = 2,
         generators: Sequence[torch.Generator] = (),
+        preserve: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ):
         self.step = step
+        self.preserve = preserve
         self.generators = tuple(generators)
         self.buckets = list(dict.fromkeys(buckets))
         self.preset = parse_graph_preset(preset)
@@ -83,7 +88,7 @@ class BucketedGraphRunner:
     def _capture(self, bucket: Hashable) -> _Captured:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), self.preserve():
             for _ in range(self.warmup_calls):
                 self.step(bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)

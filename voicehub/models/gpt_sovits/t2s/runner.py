@@ -9,6 +9,12 @@ request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+
+import torch
+
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
 from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SStaticDecoder
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
@@ -40,8 +46,29 @@ class T2SGraphDecoder(T2SStaticDecoder):
             self.device,
             common_buckets=common,
             generators=[self.generator],
+            preserve=self.state_kept,
         )
         self._capture_at_load()
+
+    @contextmanager
+    def state_kept(self) -> Iterator[None]:
+        """Within it, decode steps leave no trace: per-row state, sampling buffers, KV lengths and
+        the RNG are put back after. Capture warm-ups run real steps, and a capture on first use
+        (lazy, minimal) happens mid-decode. K/V contents are not saved: a step writes its K/V at
+        slot `lengths` before reading it, so the next real step overwrites what a warm-up wrote."""
+        tensors = self._step_written()
+        saved = [t.clone() for t in tensors]
+        rng = self.generator.get_state()
+        try:
+            yield
+        finally:
+            for tensor, copy in zip(tensors, saved):
+                tensor.copy_(copy)
+            self.generator.set_state(rng)
+
+    def _step_written(self) -> list[torch.Tensor]:
+        state = [getattr(self.state, f.name) for f in fields(self.state)]
+        return [*state, *(getattr(self.buf, f.name) for f in fields(self.buf)), self.cache.lengths]
 
     def _capture_at_load(self) -> None:
         if self.preset in (GraphPreset.FULL, GraphPreset.MINIMAL):
