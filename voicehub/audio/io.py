@@ -166,7 +166,12 @@ class atomic_writer:
         directory = self.path.parent if str(self.path.parent) else Path(".")
         if not directory.is_dir():
             raise OSError(f"cannot write {str(self.path)!r}: folder {str(directory)!r} does not exist")
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=directory)
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=directory)
+        except OSError as exc:
+            raise OSError(
+                f"cannot write {str(self.path)!r}: {exc.strerror}; choose a writable folder"
+            ) from exc
         self._fh = os.fdopen(fd, "wb")
         return self._fh
 
