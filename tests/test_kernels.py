@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from voicehub.models.gpt_sovits.bigvgan.activation import anti_alias_snake_torch, kaiser_sinc_filter
+from voicehub.models.gpt_sovits.bigvgan.activation import anti_alias_snake_torch
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels.anti_alias_snake import (
     anti_alias_snake_polyphase,
@@ -74,15 +74,9 @@ def test_every_op_has_a_reference_and_torch_backend():
         assert callable(registry.resolve(op, "torch", "cpu"))
 
 
-@pytest.mark.parametrize("logscale", [True, False])
-def test_runtime_reference_equals_the_bigvgan_module_reference(logscale: bool):
-    # the model's own function and the op's definition must stay one function
-    args = snake_inputs(2, 3, 37, logscale, seed=1)
-    assert rel_l2(anti_alias_snake_reference(*args), anti_alias_snake_torch(*args)) < 1e-6
-    f = kaiser_sinc_filter(0.25, 0.3, 12)
-    x, _, _, alpha, beta, _ = args
-    real = (x, f, f, alpha, beta, logscale)
-    assert rel_l2(anti_alias_snake_reference(*real), anti_alias_snake_torch(*real)) < 1e-6
+def test_the_bigvgan_module_uses_the_ops_reference_definition():
+    # one definition: the model's own activation is the op's reference, to which backends are held
+    assert anti_alias_snake_torch is anti_alias_snake_reference
 
 
 @pytest.mark.parametrize(

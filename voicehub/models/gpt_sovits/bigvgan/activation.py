@@ -2,7 +2,7 @@
 
 The computation is one named op, `ANTI_ALIAS_SNAKE`, a free function of tensors. Each
 `AntiAliasActivation` module calls whatever function its `kernel` attribute holds, set at
-construction to the torch reference below; a runtime may swap in a fused kernel with
+construction to the op's torch reference (voicehub.runtime.kernels); a fused kernel replaces it with
 `BigVGAN.set_activation_kernel` (same signature, same result within tolerance).
 """
 
@@ -12,15 +12,15 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from voicehub.runtime.kernels.anti_alias_snake import anti_alias_snake_reference
 
 # The op's name in the kernel registry (re-exported here so callers of the model need not know it).
 from voicehub.runtime.kernels.registry import ANTI_ALIAS_SNAKE  # noqa: F401  (re-exported)
 
 RATIO = 2  # up/down-sampling ratio around the activation
 FILTER_TAPS = 12  # kaiser-windowed sinc taps of both filters
-SNAKE_EPS = 1e-9  # keeps 1/beta finite, as upstream
 
 
 def kaiser_sinc_filter(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
@@ -45,37 +45,9 @@ ActivationKernel = Callable[
 ]
 
 
-def anti_alias_snake_torch(
-    x: torch.Tensor,
-    up_filter: torch.Tensor,
-    down_filter: torch.Tensor,
-    alpha: torch.Tensor,
-    beta: torch.Tensor,
-    logscale: bool,
-) -> torch.Tensor:
-    """Reference: x [B, C, T] -> [B, C, T].
-
-    up_filter, down_filter: [1, 1, 12]; alpha, beta: [C] (log-scale when `logscale`).
-    SnakeBeta: y = x + sin^2(alpha x) / (beta + eps); plain Snake passes beta = alpha.
-    """
-    channels = x.shape[1]
-    taps = up_filter.shape[-1]
-    # Upsample: replicate-pad, zero-stuffing transposed conv, gain RATIO, crop (UpSample1d).
-    pad = taps // RATIO - 1
-    crop_left = pad * RATIO + (taps - RATIO) // 2
-    crop_right = pad * RATIO + (taps - RATIO + 1) // 2
-    h = F.pad(x, (pad, pad), mode="replicate")
-    h = RATIO * F.conv_transpose1d(h, up_filter.expand(channels, -1, -1), stride=RATIO, groups=channels)
-    h = h[..., crop_left:-crop_right]
-    a = alpha.view(1, -1, 1)
-    b = beta.view(1, -1, 1)
-    if logscale:
-        a, b = torch.exp(a), torch.exp(b)
-    h = h + (1.0 / (b + SNAKE_EPS)) * torch.sin(h * a).pow(2)
-    # Downsample: replicate-pad, low-pass, keep every RATIO-th sample (DownSample1d).
-    taps = down_filter.shape[-1]
-    h = F.pad(h, (taps // 2 - 1, taps // 2), mode="replicate")
-    return F.conv1d(h, down_filter.expand(channels, -1, -1), stride=RATIO, groups=channels)
+# The model's own activation is the op's reference definition in the runtime (one definition:
+# the registry's backends are held to it); fused kernels replace it through set_activation_kernel.
+anti_alias_snake_torch = anti_alias_snake_reference
 
 
 class Snake(nn.Module):
