@@ -19,6 +19,7 @@ UPSTREAM_DEFAULTS = GenerationPreset(speed=1.0, sample_steps=8, top_k=20, top_p=
 DEFAULT_PAUSE_S = 0.3  # upstream's pause_second: silence between sentences
 MAX_PAUSE_S = 10.0
 MAX_SAMPLE_STEPS = 128
+STREAM_CHUNK_TOKENS_RANGE = (4, 500)  # semantic tokens (25 per second of speech at speed 1) per window
 SPEED_RANGE = (0.25, 4.0)  # beyond these the length regulator gives unintelligible speech
 PRESET_FIELDS = tuple(f.name for f in fields(GenerationPreset))
 
@@ -32,7 +33,9 @@ class GptSovitsParams:
     when given. how_to_cut: sentence cut method (`punctuation`, `none`, ... or cut0-cut5 / upstream
     labels). force_n_tokens: suppress EOS and decode exactly N semantic tokens per sentence (tests and
     benchmarks). max_new_tokens: the per-sentence token cap (None: the checkpoint's 50 * max_sec).
-    pause_s: silence between sentences, in seconds.
+    pause_s: silence between sentences, in seconds. stream_chunk_tokens: None (default) makes each
+    sentence whole and yields one chunk per sentence (the reference path); a number streams within a
+    sentence, one window of that many semantic tokens at a time (see streaming.py; 25 is ~1 s).
     """
 
     text_language: Language = Language.AUTO
@@ -48,6 +51,7 @@ class GptSovitsParams:
     force_n_tokens: int | None = None
     max_new_tokens: int | None = None
     pause_s: float = DEFAULT_PAUSE_S
+    stream_chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "text_language", parse_language(self.text_language))
@@ -66,6 +70,14 @@ class GptSovitsParams:
             raise ValueError(f"pause_s must be in [0, {MAX_PAUSE_S}] seconds, got {self.pause_s}")
         if self.seed is not None and (isinstance(self.seed, bool) or not 0 <= int(self.seed) < 2**63):
             raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed}")
+        lo_t, hi_t = STREAM_CHUNK_TOKENS_RANGE
+        if self.stream_chunk_tokens is not None and (
+            isinstance(self.stream_chunk_tokens, bool) or not lo_t <= int(self.stream_chunk_tokens) <= hi_t
+        ):
+            raise ValueError(
+                f"stream_chunk_tokens must be None (one chunk per sentence) or an integer in [{lo_t}, {hi_t}] "
+                f"semantic tokens per streamed window (25 is about 1 s); got {self.stream_chunk_tokens}"
+            )
         self.sampling()  # the T2S sampler checks top_k, top_p, temperature, penalty and token counts
 
     @classmethod

@@ -44,6 +44,7 @@ from voicehub.models.gpt_sovits.reference import (
 )
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
+from voicehub.models.gpt_sovits.streaming import stream_tokens
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
@@ -251,10 +252,11 @@ class Pipeline:
         yield current, True
 
     def stream(self, text: str, voice: Voice, params: GptSovitsParams) -> Iterator[AudioChunk]:
-        """Check the request and compute the voice's reference now; then yield one chunk per sentence.
+        """Check the request and compute the voice's reference now; then yield the chunks.
 
-        Each chunk is one sentence, made through the whole chain before the next sentence is
-        decoded, followed by the pause when another sentence follows.
+        Without `params.stream_chunk_tokens` each chunk is one sentence, made through the whole chain
+        before the next sentence is decoded; with it, a sentence leaves in several chunks (streaming.py).
+        A sentence's last chunk carries the pause when another sentence follows.
         """
         sentences = self.sentences(text, params)
         if not sentences:
@@ -268,22 +270,47 @@ class Pipeline:
     ) -> Iterator[AudioChunk]:
         pause = np.zeros(round(params.pause_s * SAMPLE_RATE), np.float32)
         fade = round(EDGE_FADE_S * SAMPLE_RATE)
-        offset = 0
+        offset, n_chunks = 0, 0
         for index, (sentence, is_last) in enumerate(self._speakable(sentences, params.text_language)):
-            # SEAM (issue 4): true streaming replaces this whole-sentence call with a generator of
-            # sub-sentence pieces (first tokens -> CFM chunk -> vocoder with left context, cross-faded).
-            audio = self.synthesize_sentence(ref, sentence, params, sentence_seed(seed, index)).audio
-            if index > 0:
-                audio = fade_in(audio, fade)
-            if not is_last:
-                audio = np.concatenate([fade_out(audio, fade), pause])
-            yield AudioChunk(
-                audio=audio,
-                sample_rate=SAMPLE_RATE,
-                text=sentence.text,
-                index=index,
-                start_s=offset / SAMPLE_RATE,
-                is_last=is_last,
-                phonemes=" ".join(sentence.phones),
-            )
-            offset += len(audio)
+            pieces = self._sentence_pieces(ref, sentence, params, sentence_seed(seed, index))
+            for k, (audio, is_final_piece) in enumerate(pieces):
+                if index > 0 and k == 0:
+                    audio = fade_in(audio, fade)
+                if is_final_piece and not is_last:
+                    audio = np.concatenate([fade_out(audio, fade), pause])
+                yield AudioChunk(
+                    audio=audio,
+                    sample_rate=SAMPLE_RATE,
+                    text=sentence.text,
+                    index=n_chunks,
+                    start_s=offset / SAMPLE_RATE,
+                    is_last=is_last and is_final_piece,
+                    phonemes=" ".join(sentence.phones),
+                )
+                offset, n_chunks = offset + len(audio), n_chunks + 1
+
+    def _sentence_pieces(
+        self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """A sentence's audio as (float32 piece, is_final) pairs: one piece (the per-sentence reference
+        path), or with `stream_chunk_tokens` the sub-sentence stream of streaming.py, yielded lazily."""
+        if params.stream_chunk_tokens is None:
+            yield self.synthesize_sentence(ref, sentence, params, seed).audio, True
+            return
+        yield from self.stream_sentence(ref, sentence, params, seed)
+
+    def stream_sentence(
+        self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """True streaming of one sentence: (float32 piece, is_final) pairs, the first as soon as the first
+        token window is through SoVITS, the CFM and the vocoder. T2S decodes the whole sentence first
+        (the graph decoder has no step-wise interface yet); the windows then stream the rest of the chain."""
+        assert params.stream_chunk_tokens is not None
+        with torch.inference_mode():
+            tokens = self.decode_tokens(ref, sentence, params, seed).tokens
+            phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        yield from stream_tokens(
+            self.sovits, self.vocoder, ref.acoustic, tokens.to(self.device), phones,
+            int(params.stream_chunk_tokens), int(params.sample_steps), float(params.speed), generator,
+        )  # fmt: skip

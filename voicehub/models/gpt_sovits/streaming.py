@@ -1,0 +1,169 @@
+"""Sub-sentence streaming of GPT-SoVITS v3 (issue 4): token windows -> CFM mel chunks -> vocoder chunks.
+
+The chain, per sentence:
+1. T2S tokens arrive in windows of `stream_chunk_tokens` (today the sentence is decoded first and then cut
+   into windows: the shape of the chain is the same for a step-wise decoder, which would feed the same
+   `SentenceStreamer.push`);
+2. SoVITS `decode_encp` runs on the token prefix so far (earlier tokens are the acoustic context the
+   bidirectional encoder needs) and the new window's feature frames are kept;
+3. the CFM solves those frames prompted by the full reference (mel + features, every chunk) followed by
+   the last `CFM_CONTEXT_FRAMES` frames made so far, so consecutive chunks continue each other;
+4. `VocoderStream` vocodes each mel chunk with left context and a short lookahead, and joins the
+   vocoder outputs with a linear cross-fade (`StreamJoiner`): the result is within 30 dB of one-shot
+   vocoding of the whole mel and has exactly its length.
+Differences from the per-sentence path, on purpose: the encoder sees no tokens right of a window, the CFM
+noise is drawn per window, and there is no whole-sentence peak normalisation (BigVGAN's output is already
+in [-1, 1]). The utterance length is the per-sentence path's, sample for sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from voicehub.audio.fades import FadeShape, StreamJoiner
+from voicehub.audio.mel import denorm_spec
+from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.cfm.solver import solve
+from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3
+from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
+
+CFM_CONTEXT_FRAMES = 32  # mel frames of earlier output that prompt each CFM chunk after the reference
+VOCODER_LEFT_FRAMES = 24  # mel frames vocoded left of a chunk and dropped (the convolutions' warm-up)
+VOCODER_LOOKAHEAD_FRAMES = 8  # newest frames held back until more mel arrives (the right receptive field)
+VOCODER_OVERLAP_FRAMES = 4  # frames cross-faded between consecutive vocoder outputs
+MIN_FIRST_S = 0.25  # the first chunk of a sentence carries at least this much audio (unless it is all)
+
+
+def token_windows(n_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
+    """[start, end) token windows of `chunk_tokens` each covering n_tokens; a short remainder joins the last."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    ends = list(range(chunk_tokens, n_tokens, chunk_tokens))
+    if ends and n_tokens - ends[-1] < chunk_tokens // 2:
+        ends.pop()  # a tiny last window would be a CFM call for a few frames
+    ends.append(n_tokens)
+    return list(zip([0, *ends[:-1]], ends))
+
+
+class VocoderStream:
+    """Mel chunks in, final audio out: each call vocodes the new frames with left context and lookahead.
+
+    push(mel [1, num_mels, n] denormalised, is_last) returns float32 samples that are final (with
+    is_last, everything left). Joined output has exactly n_frames * hop samples, like `vocode` of the whole mel.
+    """
+
+    def __init__(
+        self,
+        vocoder: BigVGAN,
+        left: int = VOCODER_LEFT_FRAMES,
+        lookahead: int = VOCODER_LOOKAHEAD_FRAMES,
+        overlap: int = VOCODER_OVERLAP_FRAMES,
+        min_first_s: float = MIN_FIRST_S,
+    ):
+        if min(left, lookahead, overlap) < 0:
+            raise ValueError("left, lookahead and overlap must be >= 0 frames")
+        self.vocoder, self.left, self.lookahead, self.overlap = vocoder, left, lookahead, overlap
+        self.hop = vocoder.conf.hop_size
+        self.min_first = int(np.ceil(min_first_s * vocoder.conf.sampling_rate / self.hop))
+        self.joiner = StreamJoiner(overlap * self.hop, FadeShape.LINEAR)  # same signal on both sides
+        self._mel: torch.Tensor | None = None  # [1, num_mels, frames] everything received
+        self._done = 0  # frames whose audio was handed to the joiner
+        self.n_calls = 0  # vocoder calls so far (tests count them)
+
+    def push(self, mel: torch.Tensor, is_last: bool = False) -> np.ndarray:
+        # mel: [1, num_mels, n]
+        self._mel = mel if self._mel is None else torch.cat([self._mel, mel], dim=2)
+        if is_last:
+            ready = (
+                self._emit(self._mel.shape[2]) if self._mel.shape[2] > self._done else np.zeros(0, np.float32)
+            )
+            return np.concatenate([ready, self.joiner.finish()])
+        end = self._mel.shape[2] - self.lookahead
+        if end - self._done < max(self.overlap + 1, self.min_first if self._done == 0 else 1):
+            return np.zeros(0, np.float32)  # too little for a join, or for the first chunk
+        return self._emit(end)
+
+    def _emit(self, end: int) -> np.ndarray:
+        # Frames [start, end) are emitted; start reaches `overlap` frames back to cross-fade the last output.
+        start = max(self._done - self.overlap, 0) if self._done else 0
+        lo, hi = max(start - self.left, 0), min(end + self.lookahead, self._mel.shape[2])
+        audio = vocode(self.vocoder, self._mel[:, :, lo:hi])[0].float()  # [(hi - lo) * hop]
+        self.n_calls += 1
+        piece = audio[(start - lo) * self.hop : (end - lo) * self.hop].cpu().numpy()
+        self._done = end
+        return self.joiner.push(piece)
+
+
+class CfmStream:
+    """Feature frames in, normalised mel frames out: each chunk is solved with the full reference prompt
+    followed by the last `context` frames already made (features and mel), as one CFM call per piece."""
+
+    def __init__(
+        self,
+        model: SynthesizerV3,
+        prompt: ReferencePrompt,
+        sample_steps: int,
+        generator: torch.Generator,
+        context: int = CFM_CONTEXT_FRAMES,
+    ):
+        self.model, self.prompt, self.sample_steps, self.generator = model, prompt, sample_steps, generator
+        self.context = context
+        self.n_calls = 0
+        self._fea = prompt.fea[:, :, :0]  # [1, inter2, <= context] features of the latest output frames
+        self._mel = prompt.mel[:, :, :0]  # [1, mel, <= context] their normalised mel
+
+    def push(self, fea: torch.Tensor) -> torch.Tensor:
+        """fea: [1, inter2, n] new condition frames -> denormalised mel [1, mel, n]."""
+        estimator = self.model.cfm.estimator
+        out = []
+        while fea.shape[2]:
+            fea_ref = torch.cat([self.prompt.fea, self._fea], dim=2)
+            mel_ref = torch.cat([self.prompt.mel, self._mel], dim=2)
+            piece, fea = fea[:, :, : T_CHUNK - fea_ref.shape[2]], fea[:, :, T_CHUNK - fea_ref.shape[2] :]
+            mu = torch.cat([fea_ref, piece], dim=2).transpose(1, 2)  # [1, N, inter2]
+            noise = torch.randn(1, estimator.proj_out.out_features, mu.shape[1], generator=self.generator,
+                                device=mu.device, dtype=mu.dtype)  # fmt: skip
+            mel = solve(estimator, mu, mel_ref, noise, self.sample_steps)[:, :, mel_ref.shape[2] :]
+            self.n_calls += 1
+            self._fea = (
+                torch.cat([self._fea, piece], dim=2)[:, :, -self.context :] if self.context else self._fea
+            )
+            self._mel = (
+                torch.cat([self._mel, mel], dim=2)[:, :, -self.context :] if self.context else self._mel
+            )
+            out.append(mel)
+        return denorm_spec(torch.cat(out, dim=2))
+
+
+@torch.inference_mode()
+def stream_tokens(
+    model: SynthesizerV3,
+    vocoder: BigVGAN,
+    prompt: ReferencePrompt,
+    tokens: torch.Tensor,
+    phones: torch.Tensor,
+    chunk_tokens: int,
+    sample_steps: int,
+    speed: float,
+    generator: torch.Generator,
+) -> Iterator[tuple[np.ndarray, bool]]:
+    """One sentence's semantic tokens [N] + phoneme ids [1, P] -> (float32 audio piece at 24 kHz, is_final).
+
+    Lazy: each piece is yielded as soon as its window is through the chain (empty pieces are skipped,
+    but the final one is always yielded).
+    Their concatenation has the per-sentence path's length (`decode_mel` + `vocode` of all N tokens).
+    """
+    cfm = CfmStream(model, prompt, sample_steps, generator)
+    voc = VocoderStream(vocoder)
+    n_done = 0  # feature frames already solved
+    for _start, end in token_windows(tokens.shape[0], chunk_tokens):
+        fea = model.decode_encp(tokens[None, None, :end], phones, prompt.ge, speed)  # [1, inter2, L(end)]
+        new, n_done = fea[:, :, n_done:], fea.shape[2]
+        mel = cfm.push(new) if new.shape[2] else denorm_spec(prompt.mel[:, :, :0])
+        is_final = end == tokens.shape[0]
+        audio = voc.push(mel, is_last=is_final)
+        if len(audio) or is_final:
+            yield audio, is_final
