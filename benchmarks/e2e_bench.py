@@ -1,0 +1,330 @@
+"""GPT-SoVITS v3 end to end: time to first audio, first request, process start, peak GPU memory.
+
+Full-size random v3 weights (`make_checkpoint_set`, ~4 GB, written once under --set-dir and reused),
+fp16, one voice, batch 1, the issue-4 fast preset: punctuation cut, 4 CFM steps, top_k 5,
+temperature 0.6, fixed seed. Random weights never sample EOS, so every sentence decodes exactly
+force_n_tokens = max(MIN_TOKENS, round(TOKENS_PER_CHAR * characters)): about the 25 Hz token rate
+of speech read at ~17 characters per second. Each text is one sentence under the punctuation cut,
+so today its first chunk is the whole text; once streaming yields sub-sentence pieces, the first
+audio should stop growing with the text's length.
+
+Profiles, in this order in one process: `off` (eager reference), `full` (every decode bucket
+captured at load), `triton` (`full` + `optimize(kernel_backend="triton")`). Per profile: load
+time, the first request (cold: reference features, lazy plans), then warm time to the first
+AudioChunk of `model.stream` per text (median of --reps after --warmups), and the peak GPU
+memory since the profile's load. A later profile shares process-wide caches (cuBLAS handles,
+cuDNN plans) with earlier ones; the clean cold figure is the subprocess one: process start to
+first audio, in a fresh interpreter, with empty Triton/Inductor/CUDA caches (fresh temp dirs),
+then again with the same caches (warm). Every part is wrapped: a failure prints its error and
+the rest goes on.
+
+    python benchmarks/e2e_bench.py --out benchmarks/results/e2e_h200.json
+    python benchmarks/e2e_bench.py --device cpu --size tiny --reps 1 --out /tmp/e2e_cpu.json  # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+TEXTS = {
+    "short": "This is a short test sentence.",
+    "medium": "The quick brown fox jumps over the lazy dog and then it runs far away into the quiet green forest.",
+    "long": (
+        "When the morning train finally pulled into the old station the passengers gathered their bags "
+        "and stepped out onto the cold platform where a small crowd of friends and families had been "
+        "waiting for more than an hour to welcome them home after the long journey across the mountains."
+    ),
+}
+TOKENS_PER_CHAR = 1.5  # 25 semantic tokens/s over ~17 characters/s of read English
+MIN_TOKENS = 30  # >= 1.2 s of audio: the first chunk must carry >= 0.25 s
+# The issue-4 fast workload: the `fast` preset (speed 1.3, 4 CFM steps, temperature 0.6) with top_k 5
+# (the issue's value; the preset itself says 3), punctuation cut.
+PRESET = "fast"
+FAST = dict(how_to_cut="punctuation", sample_steps=4, top_k=5, top_p=1.0, temperature=0.6)
+SEED = 1234
+PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
+PROFILES = ("off", "full", "triton")
+CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
+
+
+def n_tokens(text: str) -> int:
+    return max(MIN_TOKENS, round(TOKENS_PER_CHAR * len(text)))
+
+
+def write_reference(path: Path, seconds: float = 5.0, sample_rate: int = 24000) -> Path:
+    """A speech-like stand-in for a reference clip (no phonemizer on the GPU machine): 8 harmonics
+    of a pitch gliding around 130 Hz, gated into ~4 syllables/s with two pauses; peak 0.5.
+    The same kind of signal as tests/gpt_sovits_fixtures.write_synthetic_voice."""
+    t = np.arange(int(round(seconds * sample_rate))) / sample_rate
+    f0 = 130 + 30 * np.sin(2 * np.pi * 0.35 * t) + 15 * np.sin(2 * np.pi * 1.7 * t + 1.0)  # Hz
+    phase = 2 * np.pi * np.cumsum(f0) / sample_rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
+    syllables = np.clip(np.sin(2 * np.pi * 4.1 * t) + 0.3, 0.0, None) ** 0.7
+    pauses = (np.abs(t - 1.6) > 0.15) & (np.abs(t - 3.4) > 0.2)
+    audio = voiced * syllables * pauses * np.minimum(1.0, np.minimum(t, seconds - t) / 0.05)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, (0.5 * audio / np.abs(audio).max()).astype(np.float32), sample_rate)
+    return path
+
+
+def ensure_set(set_dir: Path, size: str) -> tuple[Path, float]:
+    """The make-checkpoint set under set_dir (made once; `.complete` marks a finished one); seconds spent."""
+    from voicehub.models.gpt_sovits.make_checkpoint import make_checkpoint_set
+
+    t0 = time.perf_counter()
+    if not (set_dir / ".complete").exists():
+        make_checkpoint_set(set_dir, size, seed=0, margin_tokens=0)
+        (set_dir / ".complete").touch()
+    return set_dir, time.perf_counter() - t0
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def load_profile(set_dir: Path, device: str, dtype: str, profile: str):
+    """Load the set as `profile`; returns (model, optimization manifest or None)."""
+    from voicehub.models.gpt_sovits import load
+
+    # No CUDA graphs off CUDA: there `full` and `triton` load eagerly (and triton then says why it cannot run).
+    preset = "off" if profile == "off" or not device.startswith("cuda") else "full"
+    model = load(set_dir, device=device, dtype=dtype, cuda_graph_preset=preset)
+    manifest = None
+    if profile == "triton":
+        from voicehub.optimization.config import TTSOptimizationConfig
+
+        manifest = model.optimize(TTSOptimizationConfig(kernel_backend="triton")).to_dict()
+    sync(device)
+    return model, manifest
+
+
+def first_audio(model, voice, text: str, device: str) -> dict:
+    """Seconds from calling `model.stream` to its first AudioChunk, and that chunk's audio seconds."""
+    sync(device)
+    t0 = time.perf_counter()
+    chunks = model.stream(text, voice=voice, seed=SEED, preset=PRESET, force_n_tokens=n_tokens(text), **FAST)
+    chunk = next(iter(chunks))
+    t_first = time.perf_counter() - t0
+    chunks.close()
+    return {"first_audio_ms": t_first * 1e3, "chunk_audio_s": len(chunk.audio) / chunk.sample_rate}
+
+
+def memory(device: str) -> dict:
+    if not device.startswith("cuda"):
+        return {}
+    return {
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+    }
+
+
+def run_profile(profile: str, set_dir: Path, voice, args) -> dict:
+    """Load, first request, warm first-audio per text, peak memory for one profile."""
+    row: dict = {"profile": profile}
+    model = None
+    try:
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        model, manifest = load_profile(set_dir, args.device, args.dtype, profile)
+        row["load_s"] = time.perf_counter() - t0
+        row["optimization"] = manifest
+        row["describe"] = model.describe()
+        t0 = time.perf_counter()
+        row["first_request"] = first_audio(model, voice, TEXTS["short"], args.device)
+        row["first_request"]["incl_reference_s"] = time.perf_counter() - t0
+        row["texts"] = {}
+        for name, text in TEXTS.items():
+            for _ in range(args.warmups):
+                first_audio(model, voice, text, args.device)
+            runs = [first_audio(model, voice, text, args.device) for _ in range(args.reps)]
+            times = sorted(r["first_audio_ms"] for r in runs)
+            row["texts"][name] = {
+                "median_ms": times[len(times) // 2],
+                "min_ms": times[0],
+                "runs_ms": [r["first_audio_ms"] for r in runs],
+                "chunk_audio_s": runs[0]["chunk_audio_s"],
+            }
+        row["memory"] = memory(args.device)
+    except Exception as err:  # one profile failing must not stop the others
+        print(f"profile {profile} failed: {err!r}", flush=True)
+        row["error"] = traceback.format_exc(limit=4)
+    finally:
+        del model
+        gc.collect()
+    print(
+        "profile",
+        json.dumps({k: v for k, v in row.items() if k not in ("describe", "optimization")}),
+        flush=True,
+    )
+    return row
+
+
+def child(args) -> None:
+    """The subprocess: load the set, stream the first chunk, print wall-clock stamps as one JSON line."""
+    stamps = {"child_main": time.time()}
+    from voicehub.models.gpt_sovits import Voice
+
+    stamps["imported"] = time.time()
+    row: dict = {}
+    try:
+        model, _ = load_profile(args.set_dir, args.device, args.dtype, args.child)
+    except Exception as err:  # triton not applicable here: fall back to graphs only, and say so
+        row["fallback"] = f"{args.child} failed ({err!r}); used 'full'"
+        model, _ = load_profile(args.set_dir, args.device, args.dtype, "full")
+    stamps["loaded"] = time.time()
+    voice = Voice(args.reference, PROMPT_TEXT, "en")
+    row.update(first_audio(model, voice, TEXTS["short"], args.device))
+    stamps["first_audio"] = time.time()
+    row.update(stamps=stamps, memory=memory(args.device))
+    print("CHILD " + json.dumps(row), flush=True)
+
+
+def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
+    """Process start to first audio in fresh interpreters: empty kernel caches (cold), then the same caches (warm)."""
+    caches = Path(tempfile.mkdtemp(prefix="e2e_caches_"))
+    env = dict(os.environ, **{var: str(caches / var.lower()) for var in CACHE_VARS})
+    cmd = [sys.executable, __file__, "--child", profile, "--set-dir", str(set_dir), "--reference", str(reference),
+           "--device", args.device, "--dtype", args.dtype]  # fmt: skip
+    result: dict = {"profile": profile, "caches": {v: env[v] for v in CACHE_VARS}}
+    for kind in ("cold", "warm"):
+        try:
+            t0 = time.time()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("CHILD ")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"child exit {proc.returncode}: {proc.stderr[-2000:]}")
+            row = json.loads(lines[-1][len("CHILD ") :])
+            s = row.pop("stamps")
+            row["process_start_to_first_audio_s"] = s["first_audio"] - t0
+            row["breakdown_s"] = {
+                "interpreter_and_bench_imports": s["child_main"] - t0,
+                "voicehub_import": s["imported"] - s["child_main"],
+                "load_and_capture": s["loaded"] - s["imported"],
+                "first_request": s["first_audio"] - s["loaded"],
+            }
+            result[kind] = row
+        except Exception as err:
+            print(f"startup {kind} failed: {err!r}", flush=True)
+            result[kind] = {"error": traceback.format_exc(limit=3)}
+        print(f"startup {kind}", json.dumps(result[kind]), flush=True)
+    return result
+
+
+def meta(args, set_seconds: float) -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cuda = args.device.startswith("cuda")
+    return {
+        "benchmark": "gpt_sovits_v3_end_to_end",
+        "machine": {"gpu": torch.cuda.get_device_name() if cuda else None, "platform": platform.platform(),
+                    "cpu_count": os.cpu_count()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                     "triton": triton_version, "voicehub_commit": rev or None},
+        "precision": args.dtype,
+        "sizes": f"make_checkpoint_set size={args.size} (full: real v3 T2S, SoVITS v3, HuBERT base, "
+                 "RoBERTa-large BERT, BigVGAN v2 24 kHz 100-band), batch 1, one voice",
+        "set_seconds": set_seconds,
+        "workload": {"preset": PRESET, "params": FAST, "seed": SEED, "texts": TEXTS, "chars": {k: len(v) for k, v in TEXTS.items()},
+                     "force_n_tokens": {k: n_tokens(v) for k, v in TEXTS.items()},
+                     "tokens_rule": f"max({MIN_TOKENS}, round({TOKENS_PER_CHAR} * chars)): EOS never comes "
+                                    "from random weights", "reference": "5 s synthetic voiced signal"},
+        "warmups": args.warmups,
+        "repetitions": args.reps,
+        "timing": "host wall clock (perf_counter) from model.stream() to the first AudioChunk, median",
+        "command": " ".join(["python", *sys.argv]),
+    }  # fmt: skip
+
+
+def table(result: dict) -> str:
+    lines = [f"{'profile':8} {'load s':>7} {'1st req ms':>10} " + " ".join(f"{n + ' ms':>10}" for n in TEXTS)
+             + f" {'peak GiB':>9} {'rsv GiB':>8}"]  # fmt: skip
+    for row in result["profiles"]:
+        if "error" in row:
+            lines.append(f"{row['profile']:8} error: {row['error'].strip().splitlines()[-1]}")
+            continue
+        mem = row.get("memory") or {}
+        texts = " ".join(f"{row['texts'][n]['median_ms']:10.1f}" for n in TEXTS)
+        lines.append(f"{row['profile']:8} {row['load_s']:7.1f} {row['first_request']['first_audio_ms']:10.1f} {texts}"
+                     f" {mem.get('peak_allocated_gib', float('nan')):9.2f} {mem.get('peak_reserved_gib', float('nan')):8.2f}")  # fmt: skip
+    st = result.get("startup") or {}
+    for kind in ("cold", "warm"):
+        row = st.get(kind) or {}
+        value = row.get("process_start_to_first_audio_s")
+        lines.append(f"process start to first audio ({st.get('profile')}, {kind} caches): "
+                     + (f"{value:.2f} s" if value is not None else "error"))  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--size", default="full", help="full; tiny with --device cpu smoke-tests the script")
+    p.add_argument("--dtype", default=None, help="default: float16 on CUDA, float32 on the CPU")
+    p.add_argument("--warmups", type=int, default=1)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument(
+        "--profiles", default=None, help=f"comma list of {PROFILES}; default all (cpu: off,triton)"
+    )
+    p.add_argument(
+        "--startup-profile", default=None, help="default: triton on CUDA (full if not applicable), off on CPU"
+    )
+    p.add_argument("--skip-startup", action="store_true")
+    p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
+    p.add_argument("--child-timeout", type=float, default=120.0)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--reference", type=Path, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    cuda = args.device.startswith("cuda")
+    args.dtype = args.dtype or ("float16" if cuda else "float32")
+    if args.child:
+        with torch.inference_mode():
+            child(args)
+        return
+    from voicehub.models.gpt_sovits import Voice
+
+    set_dir, set_seconds = ensure_set(args.set_dir or Path(f"/tmp/gpt_sovits_v3_{args.size}"), args.size)
+    reference = write_reference(set_dir / "bench_ref.wav")
+    voice = Voice(reference, PROMPT_TEXT, "en")
+    profiles = (args.profiles or ("off,full,triton" if cuda else "off,triton")).split(",")
+    unknown = sorted(set(profiles) - set(PROFILES))
+    if unknown:
+        raise SystemExit(f"unknown profile(s) {unknown}; valid: {', '.join(PROFILES)}")
+    result: dict = {"meta": meta(args, set_seconds), "profiles": []}
+    with torch.inference_mode():
+        for profile in profiles:
+            result["profiles"].append(run_profile(profile, set_dir, voice, args))
+    if not args.skip_startup:
+        profile = args.startup_profile or ("triton" if cuda else "off")
+        result["startup"] = startup(profile, set_dir, reference, args)
+    print(table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
