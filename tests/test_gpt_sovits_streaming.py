@@ -1,0 +1,158 @@
+"""Sub-sentence streaming of GPT-SoVITS v3 (streaming.py) on the tiny `make-checkpoint` set, CPU.
+
+Vocoder chunking is held to one-shot vocoding of the same mel (SNR); joins are measured with the click
+meter on tonal mel; the streamed chain is held to the per-sentence path's length, yields its first chunk
+before the sentence's later windows go through the CFM or the vocoder, and makes that chunk >= 0.25 s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set, write_signal  # noqa: F401
+
+from voicehub.audio.fades import max_join_jump
+from voicehub.audio.mel import V3_MEL, MelSpectrogram
+from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.bigvgan import vocode
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, VocoderStream, token_windows
+from voicehub.text.options import Language
+
+SR = 24000
+MIN_SNR_DB = 30.0  # issue 4: joined vocoder output vs one-shot vocoding
+MAX_JUMP = 3.0  # issue 4: largest step at a join / median step of the surrounding 20 ms
+
+
+@pytest.fixture(scope="module")
+def model(tiny_set):  # noqa: F811
+    return load(tiny_set)
+
+
+@pytest.fixture(scope="module")
+def voice(reference_wav):  # noqa: F811
+    return Voice(reference_wav, REFERENCE_TEXT, "en")
+
+
+@pytest.fixture(scope="module")
+def tonal_mel(tmp_path_factory) -> torch.Tensor:
+    """Log-mel [1, 100, T] of 2 s of harmonics of 140 Hz (tonal content for the click meter)."""
+    path = write_signal(tmp_path_factory.mktemp("tonal") / "tone.wav", 2.0)
+    wav, rate = sf.read(path, dtype="float32")
+    assert rate == SR
+    return MelSpectrogram(V3_MEL)(torch.from_numpy(wav)[None])
+
+
+def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(ref**2) / np.sum((ref - test) ** 2)))
+
+
+def _stream_mel(vocoder, mel: torch.Tensor, sizes: list[int]) -> tuple[np.ndarray, list[int]]:
+    voc = VocoderStream(vocoder)
+    pieces, start = [], 0
+    for k, n in enumerate(sizes):
+        pieces.append(voc.push(mel[:, :, start : start + n], is_last=k == len(sizes) - 1))
+        start += n
+    assert start == mel.shape[2]
+    return np.concatenate(pieces), voc.joiner.joins
+
+
+@pytest.mark.parametrize("sizes", [[40, 40, 40, 40, 27], [100, 7, 7, 7, 66], [60, 127]])
+def test_vocoder_chunks_match_one_shot(model, tonal_mel, sizes):
+    vocoder = model.pipeline.vocoder
+    mel = tonal_mel[:, :, : sum(sizes)]
+    whole = vocode(vocoder, mel)[0].float().numpy()
+    joined, joins = _stream_mel(vocoder, mel, sizes)
+    assert joined.shape == whole.shape  # exact length
+    assert len(joins) >= 1
+    assert _snr_db(whole, joined) >= MIN_SNR_DB
+
+
+def test_vocoder_joins_do_not_click(model, tonal_mel):
+    vocoder = model.pipeline.vocoder
+    joined, joins = _stream_mel(vocoder, tonal_mel[:, :, :180], [30, 30, 30, 30, 30, 30])
+    assert len(joins) >= 3
+    jumps = max_join_jump(joined, joins, SR)
+    assert np.all(jumps <= MAX_JUMP), jumps
+
+
+def test_first_vocoder_chunk_is_long_enough(model, tonal_mel):
+    voc = VocoderStream(model.pipeline.vocoder)
+    assert len(voc.push(tonal_mel[:, :, :10])) == 0  # too short for the first chunk: held
+    first = voc.push(tonal_mel[:, :, 10:40])
+    assert len(first) >= MIN_FIRST_S * SR
+
+
+def test_token_windows_cover_all_tokens():
+    for n, k in [(1, 8), (8, 8), (9, 8), (13, 8), (40, 10), (41, 10)]:
+        windows = token_windows(n, k)
+        assert windows[0][0] == 0 and windows[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(windows, windows[1:]))
+        assert all(e - s >= 1 for s, e in windows)
+
+
+def _params(**values) -> GptSovitsParams:
+    return GptSovitsParams.build("balanced", speed=1.0, force_n_tokens=60, **values)
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.3])
+def test_streamed_sentence_has_per_sentence_length(model, voice, speed):
+    text = "A longer sentence for the stream. And a second one."
+    whole = list(model.stream(text, voice=voice, seed=5, speed=speed, force_n_tokens=60, pause_s=0.1))
+    streamed = list(
+        model.stream(
+            text, voice=voice, seed=5, speed=speed, force_n_tokens=60, pause_s=0.1, stream_chunk_tokens=12
+        )
+    )
+    assert len(whole) == 2 and len(streamed) > 2
+    assert sum(len(c.audio) for c in streamed) == sum(len(c.audio) for c in whole)
+    assert [c.index for c in streamed] == list(range(len(streamed)))
+    assert [c.is_last for c in streamed] == [False] * (len(streamed) - 1) + [True]
+    starts = np.cumsum([0] + [len(c.audio) for c in streamed[:-1]]) / SR
+    assert np.allclose([c.start_s for c in streamed], starts)
+    audio = np.concatenate([c.audio for c in streamed])
+    assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0 and audio.std() > 1e-4
+
+
+class _Counter:
+    """Wraps a module's forward and counts calls (the chain's progress, not wall time)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.n = 0
+        self._forward = module.forward
+        module.forward = self
+
+    def __call__(self, *args, **kwargs):
+        self.n += 1
+        return self._forward(*args, **kwargs)
+
+
+def test_first_chunk_before_rest_of_sentence(model, voice):
+    pipe = model.pipeline
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
+    params = _params(stream_chunk_tokens=12)
+    vocoder_calls, cfm_calls = _Counter(pipe.vocoder), _Counter(pipe.sovits.cfm.estimator)
+    try:
+        pieces = pipe.stream_sentence(ref, sentence, params, seed=1)
+        first, is_final = next(pieces)
+        calls_at_first = (vocoder_calls.n, cfm_calls.n)
+        rest = list(pieces)
+    finally:
+        del pipe.vocoder.forward, pipe.sovits.cfm.estimator.forward
+    assert not is_final and len(first) >= MIN_FIRST_S * SR
+    assert calls_at_first[0] == 1  # one vocoder call made the first chunk
+    assert vocoder_calls.n > calls_at_first[0] and cfm_calls.n > calls_at_first[1]
+    assert len(rest) >= 2 and rest[-1][1]
+    whole = pipe.synthesize_sentence(ref, sentence, params, seed=1).audio
+    assert len(first) + sum(len(a) for a, _ in rest) == len(whole)
+
+
+def test_stream_chunk_tokens_is_validated():
+    with pytest.raises(ValueError, match="stream_chunk_tokens"):
+        GptSovitsParams.build("balanced", stream_chunk_tokens=2)
+    with pytest.raises(ValueError, match="stream_chunk_tokens"):
+        GptSovitsParams.build("balanced", stream_chunk_tokens=True)
+    assert GptSovitsParams.build("balanced").stream_chunk_tokens is None
