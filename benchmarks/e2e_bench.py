@@ -113,15 +113,43 @@ def load_profile(set_dir: Path, device: str, dtype: str, profile: str):
     return model, manifest
 
 
-def first_audio(model, voice, text: str, device: str) -> dict:
-    """Seconds from calling `model.stream` to its first AudioChunk, and that chunk's audio seconds."""
+def first_audio(model, voice, text: str, device: str, window: int | None = None) -> dict:
+    """Ms from calling `model.stream` to its first AudioChunk, and that chunk's audio seconds.
+
+    window: `stream_chunk_tokens` (None: one chunk per sentence, the reference path)."""
     sync(device)
     t0 = time.perf_counter()
-    chunks = model.stream(text, voice=voice, seed=SEED, preset=PRESET, force_n_tokens=n_tokens(text), **FAST)
+    chunks = model.stream(
+        text,
+        voice=voice,
+        seed=SEED,
+        preset=PRESET,
+        force_n_tokens=n_tokens(text),
+        stream_chunk_tokens=window,
+        **FAST,
+    )
     chunk = next(iter(chunks))
     t_first = time.perf_counter() - t0
     chunks.close()
     return {"first_audio_ms": t_first * 1e3, "chunk_audio_s": len(chunk.audio) / chunk.sample_rate}
+
+
+def text_stats(model, voice, text: str, window: int | None, args) -> dict:
+    """Warm first audio of one text: --warmups unmeasured, then the median of --reps."""
+    for _ in range(args.warmups):
+        first_audio(model, voice, text, args.device, window)
+    runs = [first_audio(model, voice, text, args.device, window) for _ in range(args.reps)]
+    times = sorted(r["first_audio_ms"] for r in runs)
+    return {
+        "median_ms": times[len(times) // 2],
+        "min_ms": times[0],
+        "runs_ms": [r["first_audio_ms"] for r in runs],
+        "chunk_audio_s": runs[0]["chunk_audio_s"],
+    }
+
+
+def window_name(window: int | None) -> str:
+    return "sentence" if window is None else f"window{window}"
 
 
 def memory(device: str) -> dict:
@@ -147,21 +175,13 @@ def run_profile(profile: str, set_dir: Path, voice, args) -> dict:
         row["load_s"] = time.perf_counter() - t0
         row["optimization"] = manifest
         row["describe"] = model.describe()
-        t0 = time.perf_counter()
-        row["first_request"] = first_audio(model, voice, TEXTS["short"], args.device)
-        row["first_request"]["incl_reference_s"] = time.perf_counter() - t0
-        row["texts"] = {}
-        for name, text in TEXTS.items():
-            for _ in range(args.warmups):
-                first_audio(model, voice, text, args.device)
-            runs = [first_audio(model, voice, text, args.device) for _ in range(args.reps)]
-            times = sorted(r["first_audio_ms"] for r in runs)
-            row["texts"][name] = {
-                "median_ms": times[len(times) // 2],
-                "min_ms": times[0],
-                "runs_ms": [r["first_audio_ms"] for r in runs],
-                "chunk_audio_s": runs[0]["chunk_audio_s"],
-            }
+        row["first_request"] = first_audio(model, voice, TEXTS["short"], args.device, args.windows[0])
+        row["first_audio"] = {}
+        for window in args.windows:
+            mode = window_name(window)
+            row["first_audio"][mode] = {}
+            for name, text in TEXTS.items():
+                row["first_audio"][mode][name] = text_stats(model, voice, text, window, args)
         row["memory"] = memory(args.device)
     except Exception as err:  # one profile failing must not stop the others
         print(f"profile {profile} failed: {err!r}", flush=True)
@@ -191,7 +211,7 @@ def child(args) -> None:
         model, _ = load_profile(args.set_dir, args.device, args.dtype, "full")
     stamps["loaded"] = time.time()
     voice = Voice(args.reference, PROMPT_TEXT, "en")
-    row.update(first_audio(model, voice, TEXTS["short"], args.device))
+    row.update(first_audio(model, voice, TEXTS["short"], args.device, args.windows[0]))
     stamps["first_audio"] = time.time()
     row.update(stamps=stamps, memory=memory(args.device))
     print("CHILD " + json.dumps(row), flush=True)
@@ -202,7 +222,7 @@ def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
     caches = Path(tempfile.mkdtemp(prefix="e2e_caches_"))
     env = dict(os.environ, **{var: str(caches / var.lower()) for var in CACHE_VARS})
     cmd = [sys.executable, __file__, "--child", profile, "--set-dir", str(set_dir), "--reference", str(reference),
-           "--device", args.device, "--dtype", args.dtype]  # fmt: skip
+           "--device", args.device, "--dtype", args.dtype, "--windows", args.windows_arg]  # fmt: skip
     result: dict = {"profile": profile, "caches": {v: env[v] for v in CACHE_VARS}}
     for kind in ("cold", "warm"):
         try:
@@ -258,17 +278,27 @@ def meta(args, set_seconds: float) -> dict:
     }  # fmt: skip
 
 
+def profile_lines(row: dict) -> list[str]:
+    """Table rows of one profile: one per streaming mode."""
+    if "error" in row:
+        return [f"{row['profile']:8} error: {row['error'].strip().splitlines()[-1]}"]
+    mem = row.get("memory") or {}
+    peak = f"{mem.get('peak_allocated_gib', float('nan')):9.2f} {mem.get('peak_reserved_gib', float('nan')):8.2f}"
+    lines = []
+    for mode, texts in row["first_audio"].items():
+        ms = " ".join(f"{texts[n]['median_ms']:10.1f}" for n in TEXTS)
+        first = row["first_request"]["first_audio_ms"]
+        lines.append(f"{row['profile']:8} {mode:10} {row['load_s']:7.1f} {first:10.1f} {ms} {peak}")
+    return lines
+
+
 def table(result: dict) -> str:
-    lines = [f"{'profile':8} {'load s':>7} {'1st req ms':>10} " + " ".join(f"{n + ' ms':>10}" for n in TEXTS)
-             + f" {'peak GiB':>9} {'rsv GiB':>8}"]  # fmt: skip
+    head = " ".join(f"{n + ' ms':>10}" for n in TEXTS)
+    lines = [
+        f"{'profile':8} {'stream':10} {'load s':>7} {'1st req ms':>10} {head} {'peak GiB':>9} {'rsv GiB':>8}"
+    ]
     for row in result["profiles"]:
-        if "error" in row:
-            lines.append(f"{row['profile']:8} error: {row['error'].strip().splitlines()[-1]}")
-            continue
-        mem = row.get("memory") or {}
-        texts = " ".join(f"{row['texts'][n]['median_ms']:10.1f}" for n in TEXTS)
-        lines.append(f"{row['profile']:8} {row['load_s']:7.1f} {row['first_request']['first_audio_ms']:10.1f} {texts}"
-                     f" {mem.get('peak_allocated_gib', float('nan')):9.2f} {mem.get('peak_reserved_gib', float('nan')):8.2f}")  # fmt: skip
+        lines += profile_lines(row)
     st = result.get("startup") or {}
     for kind in ("cold", "warm"):
         row = st.get(kind) or {}
@@ -291,6 +321,8 @@ def main() -> None:
     p.add_argument(
         "--startup-profile", default=None, help="default: triton on CUDA (full if not applicable), off on CPU"
     )
+    p.add_argument("--windows", dest="windows_arg", default="none,25",
+                   help="stream_chunk_tokens values to time, comma list; none: one chunk per sentence")  # fmt: skip
     p.add_argument("--skip-startup", action="store_true")
     p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
     p.add_argument("--child-timeout", type=float, default=120.0)
@@ -300,6 +332,7 @@ def main() -> None:
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
     args.dtype = args.dtype or ("float16" if cuda else "float32")
+    args.windows = [None if w == "none" else int(w) for w in args.windows_arg.split(",")]
     if args.child:
         with torch.inference_mode():
             child(args)
