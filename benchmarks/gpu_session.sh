@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: GPU tests, then every benchmark, each under its own time limit.
+# PARTS picks the parts (default below); e2e (~4-5 min with its ~4 GB set) runs on request: PARTS=e2e.
 # Wheels the image lacks travel in .whl/ (see README "GPU benchmarks"). Results land in $OUT.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -23,6 +24,8 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     t2s) step t2s-decode 170 python3 benchmarks/t2s_decode_bench.py --reps 2 --out "$OUT/t2s_decode_h200.json" ;;
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
+    # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
+    e2e) step e2e 330 python3 benchmarks/e2e_bench.py --out "$OUT/e2e_h200.json" ;;
     vits) step vits 60 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
   esac
 done
