@@ -59,7 +59,7 @@ PRESET = "fast"
 FAST = dict(how_to_cut="punctuation", sample_steps=4, top_k=5, top_p=1.0, temperature=0.6)
 SEED = 1234
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
-PROFILES = ("off", "full", "triton")
+PROFILES = ("off", "full", "minimal", "lazy", "triton")  # graph presets, and triton = full + Triton kernels
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
 
 
@@ -104,7 +104,8 @@ def load_profile(set_dir: Path, device: str, dtype: str, profile: str):
     from voicehub.models.gpt_sovits import load
 
     # No CUDA graphs off CUDA: there `full` and `triton` load eagerly (and triton then says why it cannot run).
-    preset = "off" if profile == "off" or not device.startswith("cuda") else "full"
+    preset = "full" if profile == "triton" else profile
+    preset = preset if device.startswith("cuda") else "off"
     model = load(set_dir, device=device, dtype=dtype, cuda_graph_preset=preset)
     manifest = None
     if profile == "triton":
@@ -250,6 +251,29 @@ def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
     return result
 
 
+def derived(rows: list[dict]) -> dict:
+    """Per profile: warm first audio as a ratio of the eager `off` profile's, and the first request's
+    penalty over the warm short text in the same streaming mode (ms)."""
+    ok = {r["profile"]: r for r in rows if "error" not in r}
+    out: dict = {}
+    for name, row in ok.items():
+        modes = row["first_audio"]
+        last = list(modes)[-1]
+        entry = {
+            "first_request_penalty_ms": row["first_request"]["first_audio_ms"]
+            - modes[last]["short"]["median_ms"]
+        }
+        if "off" in ok and name != "off":
+            eager = ok["off"]["first_audio"]
+            entry["speedup_vs_off"] = {
+                m: {t: eager[m][t]["median_ms"] / v["median_ms"] for t, v in texts.items()}
+                for m, texts in modes.items()
+                if m in eager
+            }
+        out[name] = entry
+    return out
+
+
 def meta(args, set_seconds: float) -> dict:
     try:
         import triton
@@ -302,7 +326,7 @@ def table(result: dict) -> str:
     for row in result["profiles"]:
         lines += profile_lines(row)
     st = result.get("startup") or {}
-    for kind in ("cold", "warm"):
+    for kind in ("cold", "warm") if st else ():
         row = st.get(kind) or {}
         value = row.get("process_start_to_first_audio_s")
         lines.append(f"process start to first audio ({st.get('profile')}, {kind} caches): "
@@ -351,6 +375,7 @@ def main() -> None:
     # No inference_mode around the model: the bench calls it as a user would.
     for profile in profiles:
         result["profiles"].append(run_profile(profile, set_dir, voice, args))
+    result["derived"] = derived(result["profiles"])
     if not args.skip_startup:
         profile = args.startup_profile or ("triton" if cuda else "off")
         result["startup"] = startup(profile, set_dir, reference, args)
