@@ -21,7 +21,8 @@ from voicehub.audio.mel import V3_MEL, MelSpectrogram
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.params import GptSovitsParams
-from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, VocoderStream, token_windows
+from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, VocoderStream, decode_steps, token_windows
+from voicehub.models.gpt_sovits.t2s import StopReason, decode
 from voicehub.text.options import Language
 
 SR = 24000
@@ -171,20 +172,49 @@ def test_first_chunk_before_rest_of_sentence(model, voice):
     ref = pipe.reference(voice)
     sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
     params = _params(stream_chunk_tokens=12)
-    vocoder_calls, cfm_calls = _Counter(pipe.vocoder), _Counter(pipe.sovits.cfm.estimator)
+    modules = (pipe.vocoder, pipe.sovits.cfm.estimator, pipe.t2s.ar_predict_layer)
+    counters = [_Counter(m) for m in modules]  # vocoder calls, CFM solver steps, T2S decode steps
     try:
         pieces = pipe.stream_sentence(ref, sentence, params, seed=1)
         first, is_final = next(pieces)
-        calls_at_first = (vocoder_calls.n, cfm_calls.n)
+        at_first = [c.n for c in counters]
         rest = list(pieces)
     finally:
-        del pipe.vocoder.forward, pipe.sovits.cfm.estimator.forward
+        for m in modules:
+            del m.forward
     assert not is_final and len(first) >= MIN_FIRST_S * SR
-    assert calls_at_first[0] == 1  # one vocoder call made the first chunk
-    assert vocoder_calls.n > calls_at_first[0] and cfm_calls.n > calls_at_first[1]
+    assert at_first[0] == 1  # one vocoder call made the first chunk
+    assert all(c.n > n for c, n in zip(counters, at_first))  # vocoder, CFM and T2S all continue after it
+    assert at_first[2] <= 2 * 12 + 1  # the first chunk came from the first windows' tokens, not all 60
     assert len(rest) >= 2 and rest[-1][1]
     whole = pipe.synthesize_sentence(ref, sentence, params, seed=1).audio
     assert len(first) + sum(len(a) for a, _ in rest) == len(whole)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        dict(force_n_tokens=40),  # sampled, EOS suppressed
+        dict(force_n_tokens=30, top_k=1, temperature=1.0, repetition_penalty=1.0),  # greedy
+        dict(max_new_tokens=25),  # natural stop: EOS or the cap
+    ],
+)
+def test_stepwise_decode_gives_eager_tokens(model, voice, values):
+    pipe = model.pipeline
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features("Tokens one step at a time.", Language.EN)
+    params = GptSovitsParams.build("balanced", **values)
+    phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids)
+    bert = torch.cat([ref.bert, sentence.bert], dim=1)
+    for seed in (0, 7):
+        eager = decode(pipe.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+        steps = torch.cat(
+            list(decode_steps(pipe.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed)))
+        )
+        if eager.stop_reason == StopReason.MAX_TOKENS:
+            assert torch.equal(steps[1:], eager.tokens)  # the documented difference: the stream keeps token 0
+        else:
+            assert torch.equal(steps, eager.tokens)
 
 
 def test_stream_chunk_tokens_is_validated():

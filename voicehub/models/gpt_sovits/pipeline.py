@@ -44,7 +44,7 @@ from voicehub.models.gpt_sovits.reference import (
 )
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
-from voicehub.models.gpt_sovits.streaming import stream_tokens
+from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows, stream_windows, whole_windows
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
@@ -303,14 +303,21 @@ class Pipeline:
         self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
     ) -> Iterator[tuple[np.ndarray, bool]]:
         """True streaming of one sentence: (float32 piece, is_final) pairs, the first as soon as the first
-        token window is through SoVITS, the CFM and the vocoder. T2S decodes the whole sentence first
-        (the graph decoder has no step-wise interface yet); the windows then stream the rest of the chain."""
+        `stream_chunk_tokens` tokens are through SoVITS, the CFM and the vocoder. The eager T2S decode is
+        driven step by step; the graph decoder decodes the sentence first (no step-wise interface yet)."""
         assert params.stream_chunk_tokens is not None
-        with torch.inference_mode():
-            tokens = self.decode_tokens(ref, sentence, params, seed).tokens
-            phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
+        chunk = int(params.stream_chunk_tokens)
+        phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
+        if self.t2s_decoder is None:
+            phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=self.device)
+            bert = torch.cat([ref.bert, sentence.bert], dim=1)  # [1024, P_ref + P]
+            steps = decode_steps(self.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+            windows = stepwise_windows(steps, chunk)
+        else:
+            with torch.inference_mode():
+                windows = whole_windows(self.decode_tokens(ref, sentence, params, seed).tokens, chunk)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        yield from stream_tokens(
-            self.sovits, self.vocoder, ref.acoustic, tokens.to(self.device), phones,
-            int(params.stream_chunk_tokens), int(params.sample_steps), float(params.speed), generator,
+        yield from stream_windows(
+            self.sovits, self.vocoder, ref.acoustic, windows, phones,
+            int(params.sample_steps), float(params.speed), generator,
         )  # fmt: skip

@@ -1,9 +1,9 @@
 """Sub-sentence streaming of GPT-SoVITS v3 (issue 4): token windows -> CFM mel chunks -> vocoder chunks.
 
 The chain, per sentence:
-1. T2S tokens arrive in windows of `stream_chunk_tokens` (today the sentence is decoded first and then cut
-   into windows: the shape of the chain is the same for a step-wise decoder, which would feed the same
-   `SentenceStreamer.push`);
+1. T2S tokens arrive in windows of `stream_chunk_tokens`: from `decode_steps` (the eager reference decode
+   driven step by step, same tokens) while decoding, or cut from a whole-sentence decode (the graph
+   decoder has no step-wise interface yet);
 2. SoVITS `decode_encp` runs on the token prefix so far (earlier tokens are the acoustic context the
    bidirectional encoder needs) and the new window's feature frames are kept;
 3. the CFM solves those frames prompted by the full reference (mel + features, every chunk) followed by
@@ -18,7 +18,7 @@ in [-1, 1]). The utterance length is the per-sentence path's, sample for sample.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -29,6 +29,16 @@ from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.solver import solve
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
+from voicehub.models.gpt_sovits.t2s.config import EOS_BLOCKED_STEPS, MAX_DECODE_STEPS
+from voicehub.models.gpt_sovits.t2s.decode import (
+    T2SSamplingParams,
+    _step_layers,
+    encode_prompt,
+    make_generator,
+    race_noise,
+    reference_probs,
+)
+from voicehub.models.gpt_sovits.t2s.model import T2SModel
 
 CFM_CONTEXT_FRAMES = 32  # mel frames of earlier output that prompt each CFM chunk after the reference
 VOCODER_LEFT_FRAMES = 24  # mel frames vocoded left of a chunk and dropped (the convolutions' warm-up)
@@ -138,32 +148,88 @@ class CfmStream:
         return denorm_spec(torch.cat(out, dim=2))
 
 
+def whole_windows(tokens: torch.Tensor, chunk_tokens: int) -> Iterator[tuple[torch.Tensor, bool]]:
+    """(token prefix [end], is_final) per window of an already decoded sentence's tokens [N]."""
+    for _start, end in token_windows(tokens.shape[0], chunk_tokens):
+        yield tokens[:end], end == tokens.shape[0]
+
+
+def stepwise_windows(
+    tokens: Iterable[torch.Tensor], chunk_tokens: int
+) -> Iterator[tuple[torch.Tensor, bool]]:
+    """(token prefix, is_final) each time `chunk_tokens` more tokens [1] arrive, and once at the end."""
+    drawn: list[torch.Tensor] = []
+    for token in tokens:
+        drawn.append(token)
+        if len(drawn) % chunk_tokens == 0:
+            yield torch.cat(drawn), False
+    yield torch.cat(drawn), True
+
+
 @torch.inference_mode()
-def stream_tokens(
+def decode_steps(
+    model: T2SModel,
+    phone_ids: torch.Tensor,
+    bert: torch.Tensor,
+    prompt: torch.Tensor,
+    params: T2SSamplingParams,
+) -> Iterator[torch.Tensor]:
+    """The eager reference decode (`t2s.decode.decode`) as a generator of tokens [1] long, one per step.
+
+    Same sampling order, RNG stream and stops, so the same tokens, with one exception: where decoding
+    ends on the cap (no EOS within max_new_tokens) upstream's callers drop the *first* token afterwards
+    (`y[-idx:]`); a stream has already spoken it, so it keeps it (the sentence is one token longer).
+    phone_ids: [Tx] long; bert: [1024, Tx]; prompt: [Ty] long semantic tokens, on the model's device.
+    """
+    cfg = model.config
+    logits, keys, values = encode_prompt(model, phone_ids, bert, prompt)
+    gen = make_generator(params.seed, phone_ids.device)
+    cap, forced = params.max_new_tokens or cfg.early_stop_num, params.force_n_tokens
+    history = prompt[None]
+    for idx in range(forced or MAX_DECODE_STEPS):
+        if forced is not None or idx < EOS_BLOCKED_STEPS:
+            logits = logits[:, : cfg.eos]  # as decode(): EOS sliced off
+        probs, penalized = reference_probs(logits, history, params)
+        token = torch.argmax(probs / race_noise(probs, gen), dim=-1)  # [1]
+        if forced is None and bool(token[0] == cfg.eos or penalized.argmax(-1)[0] == cfg.eos):
+            return
+        yield token
+        history = torch.cat([history, token[:, None]], dim=1)
+        n_generated = idx + 1
+        if (
+            n_generated >= forced
+            if forced is not None
+            else (n_generated > cap or idx == MAX_DECODE_STEPS - 1)
+        ):
+            return
+        x = model.embed_audio_at(token, torch.full_like(token, prompt.shape[0] + idx))
+        logits = model.logits(_step_layers(model, x, keys, values)[:, -1])
+
+
+@torch.inference_mode()
+def stream_windows(
     model: SynthesizerV3,
     vocoder: BigVGAN,
     prompt: ReferencePrompt,
-    tokens: torch.Tensor,
+    windows: Iterable[tuple[torch.Tensor, bool]],
     phones: torch.Tensor,
-    chunk_tokens: int,
     sample_steps: int,
     speed: float,
     generator: torch.Generator,
 ) -> Iterator[tuple[np.ndarray, bool]]:
-    """One sentence's semantic tokens [N] + phoneme ids [1, P] -> (float32 audio piece at 24 kHz, is_final).
+    """Token windows (prefix so far [n], is_final) + phoneme ids [1, P] -> (float32 audio at 24 kHz, is_final).
 
     Lazy: each piece is yielded as soon as its window is through the chain (empty pieces are skipped,
-    but the final one is always yielded).
-    Their concatenation has the per-sentence path's length (`decode_mel` + `vocode` of all N tokens).
+    but the final one is always yielded). The pieces' total length is the per-sentence path's
+    (`decode_mel` + `vocode` of the final prefix).
     """
     cfm = CfmStream(model, prompt, sample_steps, generator)
     voc = VocoderStream(vocoder)
     n_done = 0  # feature frames already solved
-    for _start, end in token_windows(tokens.shape[0], chunk_tokens):
-        fea = model.decode_encp(tokens[None, None, :end], phones, prompt.ge, speed)  # [1, inter2, L(end)]
+    for tokens, is_final in windows:
+        fea = model.decode_encp(tokens[None, None], phones, prompt.ge, speed)  # [1, inter2, L(n)]
         new, n_done = fea[:, :, n_done:], fea.shape[2]
         mel = cfm.push(new) if new.shape[2] else denorm_spec(prompt.mel[:, :, :0])
-        is_final = end == tokens.shape[0]
         audio = voc.push(mel, is_last=is_final)
         if len(audio) or is_final:
             yield audio, is_final
