@@ -287,7 +287,9 @@ def meta(args, set_seconds: float) -> dict:
     cuda = args.device.startswith("cuda")
     return {
         "benchmark": "gpt_sovits_v3_end_to_end",
-        "machine": {"gpu": torch.cuda.get_device_name() if cuda else None, "platform": platform.platform(),
+        "machine": {"gpu": torch.cuda.get_device_name() if cuda else None,
+                    "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
+                    "platform": platform.platform(),
                     "cpu_count": os.cpu_count()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
                      "triton": triton_version, "voicehub_commit": rev or None},
