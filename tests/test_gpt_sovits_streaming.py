@@ -7,6 +7,7 @@ before the sentence's later windows go through the CFM or the vocoder, and makes
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -194,27 +195,40 @@ def test_first_chunk_before_rest_of_sentence(model, voice):
 @pytest.mark.parametrize(
     "values",
     [
-        dict(force_n_tokens=40),  # sampled, EOS suppressed
-        dict(force_n_tokens=30, top_k=1, temperature=1.0, repetition_penalty=1.0),  # greedy
-        dict(max_new_tokens=25),  # natural stop: EOS or the cap
+        dict(force_n_tokens=40, expect="forced"),  # sampled, EOS suppressed
+        dict(force_n_tokens=30, top_k=1, temperature=1.0, repetition_penalty=1.0, expect="forced"),  # greedy
+        dict(max_new_tokens=25, expect="max_tokens"),  # the cap (random tiny weights do not choose EOS)
+        dict(eos_bias=True, expect="eos"),  # EOS made likely: a stop on EOS
     ],
 )
 def test_stepwise_decode_gives_eager_tokens(model, voice, values):
+    values = dict(values)
+    expect = values.pop("expect")
     pipe = model.pipeline
+    t2s = pipe.t2s
+    if values.pop("eos_bias", False):
+        t2s = copy.deepcopy(t2s)
+        head = torch.nn.Linear(*reversed(t2s.ar_predict_layer.weight.shape))
+        with torch.no_grad():
+            head.weight.copy_(t2s.ar_predict_layer.weight)
+            head.bias.zero_()
+            head.bias[t2s.config.eos] = 4.0  # EOS becomes likely, not certain
+        t2s.ar_predict_layer = head
     ref = pipe.reference(voice)
     sentence = pipe.text_features("Tokens one step at a time.", Language.EN)
     params = GptSovitsParams.build("balanced", **values)
     phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids)
     bert = torch.cat([ref.bert, sentence.bert], dim=1)
+    seen = set()
     for seed in (0, 7):
-        eager = decode(pipe.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
-        steps = torch.cat(
-            list(decode_steps(pipe.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed)))
-        )
+        eager = decode(t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+        steps = torch.cat(list(decode_steps(t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))))
+        seen.add(eager.stop_reason)
         if eager.stop_reason == StopReason.MAX_TOKENS:
             assert torch.equal(steps[1:], eager.tokens)  # the documented difference: the stream keeps token 0
         else:
             assert torch.equal(steps, eager.tokens)
+    assert seen == {expect}
 
 
 def test_stream_chunk_tokens_is_validated():
