@@ -86,8 +86,8 @@ class GptSovitsModel(TTSModel):
     """A GPT-SoVITS v3 voice model: `generate(text, voice=Voice(...), seed=..., **params)` and `stream`.
 
     params are `GptSovitsParams` fields (text_language, how_to_cut, top_k, top_p, temperature,
-    repetition_penalty, speed, sample_steps, force_n_tokens, max_new_tokens, pause_s, prompt_language)
-    plus `preset` (fast, balanced, quality; None for upstream's defaults). A voice is a `Voice`, or a
+    repetition_penalty, speed, sample_steps, force_n_tokens, max_new_tokens, pause_s, prompt_language,
+    stream_chunk_tokens) plus `preset` (fast, balanced, quality; None for upstream's defaults). A voice is a `Voice`, or a
     name in the `voice_registry` given at load; `default_voice` (given at load) serves requests that name none.
     """
 
@@ -230,7 +230,8 @@ class GptSovitsModel(TTSModel):
     def stream(
         self, text: str, *, voice: Voice | str | None = None, seed: int | None = None, **params: Any
     ) -> Iterator[AudioChunk]:
-        """One chunk per cut sentence, each made through the whole chain before the next is decoded.
+        """One chunk per cut sentence, each made through the whole chain before the next is decoded;
+        with `stream_chunk_tokens=N`, several chunks per sentence, the first from its first N tokens.
 
         Text, parameters and the voice's reference are checked before this returns, so bad input
         raises here, not at the first chunk.
