@@ -86,6 +86,10 @@ class VocoderStream:
     def push(self, mel: torch.Tensor, is_last: bool = False) -> np.ndarray:
         # mel: [1, num_mels, n]
         self._mel = mel if self._mel is None else torch.cat([self._mel, mel], dim=2)
+        if is_last and self._done == 0:  # everything in one call: no join (and it may be under one overlap)
+            self._done = self._mel.shape[2]
+            self.n_calls += 1
+            return vocode(self.vocoder, self._mel)[0].float().cpu().numpy()
         if is_last:
             ready = (
                 self._emit(self._mel.shape[2]) if self._mel.shape[2] > self._done else np.zeros(0, np.float32)
@@ -98,7 +102,7 @@ class VocoderStream:
 
     def _emit(self, end: int) -> np.ndarray:
         # Frames [start, end) are emitted; start reaches `overlap` frames back to cross-fade the last output.
-        start = max(self._done - self.overlap, 0) if self._done else 0
+        start = max(self._done - self.overlap, 0)
         lo, hi = max(start - self.left, 0), min(end + self.lookahead, self._mel.shape[2])
         audio = vocode(self.vocoder, self._mel[:, :, lo:hi])[0].float()  # [(hi - lo) * hop]
         self.n_calls += 1
