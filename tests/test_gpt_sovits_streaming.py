@@ -242,3 +242,22 @@ def test_stream_chunk_tokens_is_validated():
     with pytest.raises(ValueError, match="stream_chunk_tokens"):
         GptSovitsParams.build("balanced", stream_chunk_tokens=True)
     assert GptSovitsParams.build("balanced").stream_chunk_tokens is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["off", "lazy"])  # off: step-wise eager T2S; lazy: graph decoder, windowed
+def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, preset):  # noqa: F811
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    model = load(tiny_set, device="cuda", cuda_graph_preset=preset)  # float16 by default on CUDA
+    voice = Voice(reference_wav, REFERENCE_TEXT, "en")
+    values = dict(voice=voice, seed=5, speed=1.0, force_n_tokens=60, how_to_cut="none")
+    whole = model.generate("One sentence on the GPU.", **values).audio
+    chunks = list(model.stream("One sentence on the GPU.", **values, stream_chunk_tokens=12))
+    assert len(chunks) > 2 and len(chunks[0].audio) >= MIN_FIRST_S * SR
+    streamed = np.concatenate([c.audio for c in chunks])
+    assert streamed.shape == whole.shape and np.isfinite(streamed).all()
+    mel = torch.randn(1, 100, 150, device="cuda") - 6  # vocoder chunking alone, in fp16
+    one_shot = vocode(model.pipeline.vocoder, mel)[0].float().cpu().numpy()
+    joined, _ = _stream_mel(model.pipeline.vocoder, mel, [40, 40, 40, 30])
+    assert _snr_db(one_shot, joined) >= MIN_SNR_DB
