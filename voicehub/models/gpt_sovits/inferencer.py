@@ -88,11 +88,12 @@ class TTSInferencer:
         seed: int | None = None,
         **params: Any,
     ) -> Iterator[tuple[int, np.ndarray, str]]:
-        """Yield (sample_rate, float32 [n] chunk, the sentence it speaks), one per cut sentence.
+        """Yield (sample_rate, float32 [n] chunk, the sentence it speaks): one per cut sentence, or
+        one per window of `stream_chunk_tokens` semantic tokens when that parameter is given.
 
         Sampler, speed and CFM-step values left at None come from `preset` (fast, balanced,
         quality; None: upstream's defaults). Other keyword parameters: force_n_tokens,
-        max_new_tokens, pause_s. Bad input raises before the first chunk.
+        max_new_tokens, pause_s, stream_chunk_tokens. Bad input raises before the first chunk.
         """
         voice = Voice(ref_audio_path, prompt_text, prompt_language)
         chunks = self.model.stream(
