@@ -17,22 +17,22 @@ router = APIRouter()
 HEARTBEAT_STALE_S = 600.0  # a worker silent this long is stuck (a long model load can take minutes)
 
 
+async def _start(request: Request, schema: type, route: str):
+    """Validate the body as `schema`, resolve its model and voice, and queue the job (both routes)."""
+    state = app_state(request)
+    req = validate(schema, await read_json_body(request, allow_query=True))
+    target = state.catalog.resolve(req.model, req.voice)
+    job, first = await start_job(
+        state, target, req.text, route=route, rid=request_id(request),
+        seed=req.seed, speed=req.speed, params=req.params,
+    )  # fmt: skip
+    return state, req, target, job, first
+
+
 @router.post("/tts")
 async def tts_stream(request: Request) -> StreamingResponse:
     """Raw mono PCM as it is made (f32le by default, s16le on request); rate and dtype in headers."""
-    state = app_state(request)
-    req = validate(StreamRequest, await read_json_body(request, allow_query=True))
-    target = state.catalog.resolve(req.model, req.voice)
-    job, first = await start_job(
-        state,
-        target,
-        req.text,
-        route="/tts",
-        rid=request_id(request),
-        seed=req.seed,
-        speed=req.speed,
-        params=req.params,
-    )
+    state, req, target, job, first = await _start(request, StreamRequest, "/tts")
     fmt = req.format.audio_format
 
     async def body():
@@ -54,19 +54,7 @@ async def tts_stream(request: Request) -> StreamingResponse:
 @router.post("/tts/file")
 async def tts_file(request: Request) -> Response:
     """A whole file (wav, flac, mp3, opus) of the utterance."""
-    state = app_state(request)
-    req = validate(FileRequest, await read_json_body(request, allow_query=True))
-    target = state.catalog.resolve(req.model, req.voice)
-    job, first = await start_job(
-        state,
-        target,
-        req.text,
-        route="/tts/file",
-        rid=request_id(request),
-        seed=req.seed,
-        speed=req.speed,
-        params=req.params,
-    )
+    state, req, target, job, first = await _start(request, FileRequest, "/tts/file")
     pieces = [chunk.audio async for chunk in iter_chunks(state, job, first)]
     audio = np.concatenate(pieces)
     data, rate = await asyncio.to_thread(encode_file, audio, first.sample_rate, req.format)
