@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from types import MappingProxyType
 
 import pytest
 
@@ -15,6 +16,7 @@ from voicehub.optimization import (
     Feature,
     OptimizationContext,
     OptimizationDependencyError,
+    OptimizationNotImplementedError,
     OptimizationPlan,
     OptimizationUnsupportedError,
     TrainingModeUnsupportedError,
@@ -22,11 +24,53 @@ from voicehub.optimization import (
     get_tts_optimization_support,
     list_tts_optimization_support,
 )
-from voicehub.optimization.families import FAMILY_CAPABILITIES
+from voicehub.optimization.families import (
+    CUDA_ONLY,
+    FAMILY_CAPABILITIES,
+    HALF_DTYPES,
+    FamilyCapabilities,
+    Technique,
+    TechniqueKind,
+)
 
 EMPTY = EvidenceStore()
 CPU32 = OptimizationContext(mode="inference", device="cpu", dtype="float32")
 H200_FP16 = OptimizationContext(mode="inference", device="cuda", dtype="float16", gpu_arch="sm_90")
+
+# A test-local family whose every control has an implemented technique, so the resolution rules
+# are tested independently of how far a real family's implementation has come. It reaches
+# resolve() through its `capabilities` argument; the package's table is not touched.
+FAKE = FamilyCapabilities(
+    model_type="fake-tts",
+    techniques=(
+        Technique(
+            Feature.ATTENTION,
+            "flash_attention_4",
+            TechniqueKind.EXACT,
+            "fake FA4",
+            devices=CUDA_ONLY,
+            dtypes=HALF_DTYPES,
+            gpu_archs=frozenset({"sm_90", "sm_100"}),
+            distribution="flash-attn-4",
+        ),
+        Technique(Feature.ATTENTION, "sdpa", TechniqueKind.EXACT, "fake SDPA"),
+        Technique(
+            Feature.KERNELS,
+            "triton",
+            TechniqueKind.EXACT,
+            "fake Triton",
+            devices=CUDA_ONLY,
+            distribution="triton",
+        ),
+        Technique(Feature.KERNELS, "torch", TechniqueKind.EXACT, "fake torch kernels"),
+        Technique(Feature.COMPILE, "torch_compile", TechniqueKind.EXACT, "fake compile"),
+        Technique(
+            Feature.DIFFUSION_SAMPLING, "cfm_short_schedule", TechniqueKind.APPROXIMATE, "fake schedule"
+        ),
+        Technique(Feature.DIFFUSION_CACHE, "dit_step_cache", TechniqueKind.APPROXIMATE, "fake cache"),
+    ),
+)
+CAPS = MappingProxyType({**FAMILY_CAPABILITIES, FAKE.model_type: FAKE})
 
 
 @pytest.mark.parametrize(
@@ -76,8 +120,15 @@ def test_context_accepts_dtype_aliases():
     assert OptimizationContext(dtype="torch.bfloat16").dtype == "bfloat16"
 
 
+def test_fake_family_is_visible_only_through_the_capabilities_argument():
+    assert "fake-tts" not in FAMILY_CAPABILITIES
+    with pytest.raises(OptimizationUnsupportedError, match="gpt-sovits-v3, vits"):
+        TTSOptimizationConfig().resolve("fake-tts", context=CPU32, evidence=EMPTY)
+    assert TTSOptimizationConfig().resolve("fake-tts", context=CPU32, evidence=EMPTY, capabilities=CAPS)
+
+
 def test_auto_stays_native_without_evidence_and_says_why():
-    plan = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200_FP16, evidence=EMPTY)
+    plan = TTSOptimizationConfig().resolve("fake-tts", context=H200_FP16, evidence=EMPTY, capabilities=CAPS)
     assert plan.selected == ()
     for d in plan.decisions:
         assert d.requested == "auto" and d.selected == "native"
@@ -97,7 +148,7 @@ def test_vits_offers_no_diffusion_and_auto_says_so():
 
 def test_explicit_supported_requests_are_selected():
     config = TTSOptimizationConfig(attn_implementation="sdpa", kernel_backend="torch", compile="required")
-    plan = config.resolve("gpt-sovits-v3", context=CPU32, evidence=EMPTY)
+    plan = config.resolve("fake-tts", context=CPU32, evidence=EMPTY, capabilities=CAPS)
     assert [(d.feature, d.selected) for d in plan.selected] == [
         ("attention", "sdpa"),
         ("kernels", "torch"),
@@ -108,7 +159,7 @@ def test_explicit_supported_requests_are_selected():
 
 def test_explicit_approximate_request_is_marked_approximate():
     plan = TTSOptimizationConfig(diffusion_sampling="required").resolve(
-        "gpt-sovits-v3", context=CPU32, evidence=EMPTY
+        "fake-tts", context=CPU32, evidence=EMPTY, capabilities=CAPS
     )
     d = plan.decision("diffusion_sampling")
     assert d.selected == "cfm_short_schedule" and d.kind == "approximate" and "approximate" in d.reason
@@ -121,15 +172,15 @@ def test_explicit_approximate_request_is_marked_approximate():
         ("vits", {"diffusion_cache": "required"}, CPU32, "does not support"),
         ("gpt-sovits-v3", {"kernel_backend": "cuda_extension"}, H200_FP16, "does not support"),
         ("gpt-sovits-v3", {"kernel_backend": "triton"}, CPU32, "cuda only"),
-        ("gpt-sovits-v3", {"attn_implementation": "flash_attention_4"}, CPU32, "cuda only"),
+        ("fake-tts", {"attn_implementation": "flash_attention_4"}, CPU32, "cuda only"),
         (
-            "gpt-sovits-v3",
+            "fake-tts",
             {"attn_implementation": "flash_attention_4"},
             OptimizationContext(device="cuda", dtype="float32", gpu_arch="sm_90"),
             "not float32",
         ),
         (
-            "gpt-sovits-v3",
+            "fake-tts",
             {"attn_implementation": "flash_attention_4"},
             OptimizationContext(device="cuda", dtype="float16", gpu_arch="sm_80"),
             "architecture",
@@ -138,7 +189,60 @@ def test_explicit_approximate_request_is_marked_approximate():
 )
 def test_explicit_unsupported_requests_raise_typed_errors(model_type, config, ctx, match):
     with pytest.raises(OptimizationUnsupportedError, match=match):
-        TTSOptimizationConfig(**config).resolve(model_type, context=ctx, evidence=EMPTY)
+        TTSOptimizationConfig(**config).resolve(model_type, context=ctx, evidence=EMPTY, capabilities=CAPS)
+
+
+@pytest.mark.parametrize(
+    ("config", "ctx"),
+    [
+        ({"attn_implementation": "sdpa"}, CPU32),
+        ({"attn_implementation": "flash_attention_4"}, H200_FP16),
+        ({"compile": "required"}, CPU32),
+        ({"diffusion_sampling": "required"}, CPU32),
+        ({"diffusion_cache": "required"}, CPU32),
+    ],
+)
+def test_explicit_not_implemented_technique_raises_at_resolve(config, ctx):
+    with pytest.raises(OptimizationNotImplementedError, match="not implemented yet") as info:
+        TTSOptimizationConfig(**config).resolve("gpt-sovits-v3", context=ctx, evidence=EMPTY)
+    assert isinstance(info.value, OptimizationUnsupportedError)
+    assert "native" in str(info.value) or "disabled" in str(info.value)  # names the fix
+
+
+class _ValidatingStore:
+    """An evidence store that claims every technique validated: only the not-implemented rule
+    can then keep `auto` native."""
+
+    class _Ev:
+        is_validated, source = True, "stub.json"
+
+        def can_validate(self, kind):
+            return True
+
+        def citation(self):
+            return {"file": self.source}
+
+    def find(self, *key):
+        return self._Ev()
+
+
+@pytest.mark.parametrize("evidence", [EMPTY, _ValidatingStore()], ids=["no-evidence", "validated"])
+def test_auto_skips_not_implemented_techniques_and_records_why(evidence):
+    plan = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200_FP16, evidence=evidence)
+    decisions = json.loads(plan.manifest())["decisions"]
+    by_feature = {d["feature"]: d for d in decisions}
+    for feature, names in [
+        ("attention", ("flash_attention_4", "sdpa")),
+        ("compile", ("torch_compile",)),
+        ("diffusion_sampling", ("cfm_short_schedule",)),
+        ("diffusion_cache", ("dit_step_cache",)),
+    ]:
+        d = by_feature[feature]
+        assert d["requested"] == "auto" and d["selected"] == "native", d
+        for name in names:
+            assert f"{name}: not implemented yet" in d["reason"], d
+    if isinstance(evidence, _ValidatingStore):  # the implemented kernels are still chosen
+        assert by_feature["kernels"]["selected"] in ("triton", "torch")
 
 
 def test_flash_attention_4_without_its_package_raises_dependency_error(monkeypatch):
@@ -154,7 +258,7 @@ def test_flash_attention_4_without_its_package_raises_dependency_error(monkeypat
     monkeypatch.setattr(metadata, "distribution", no_fa4)
     config = TTSOptimizationConfig(attn_implementation="flash_attention_4")
     with pytest.raises(OptimizationDependencyError, match="pip install flash-attn-4") as info:
-        config.resolve("gpt-sovits-v3", context=H200_FP16, evidence=EMPTY)
+        config.resolve("fake-tts", context=H200_FP16, evidence=EMPTY, capabilities=CAPS)
     assert isinstance(info.value, MissingDependencyError) and isinstance(info.value, VoiceHubError)
 
 
@@ -209,9 +313,20 @@ def test_support_table_lists_each_family():
     json.dumps(v)  # plain data
 
 
+FEATURE_OF_FIELD = {
+    "attn_implementation": Feature.ATTENTION,
+    "kernel_backend": Feature.KERNELS,
+    "compile": Feature.COMPILE,
+    "diffusion_cache": Feature.DIFFUSION_CACHE,
+    "diffusion_sampling": Feature.DIFFUSION_SAMPLING,
+}
+
+
 def test_every_value_the_support_table_lists_resolves_on_some_context():
+    """...or is declared not implemented yet, which resolution refuses with its own typed error."""
     contexts = [CPU32, H200_FP16]
     for s in list_tts_optimization_support():
+        caps = FAMILY_CAPABILITIES[s.model_type]
         for field, values in [
             ("attn_implementation", s.attention_implementations),
             ("kernel_backend", s.kernel_backends),
@@ -229,6 +344,10 @@ def test_every_value_the_support_table_lists_resolves_on_some_context():
                         resolved = True
                     except OptimizationDependencyError:
                         resolved = True  # supported, but this machine lacks the package
+                    except OptimizationNotImplementedError:
+                        offered = caps.for_feature(FEATURE_OF_FIELD[field])
+                        declared = [t for t in offered if value in (t.name, "required")][:1]
+                        resolved = bool(declared) and declared[0].not_implemented is not None
                     except OptimizationUnsupportedError:
                         pass
                 assert resolved, (s.model_type, field, value)
@@ -241,9 +360,10 @@ def test_resolve_imports_no_optional_gpu_package_and_changes_nothing():
         before = set(sys.modules)
         from voicehub.optimization import TTSOptimizationConfig, OptimizationContext
         ctx = OptimizationContext(mode="inference", device="cuda", dtype="float16", gpu_arch="sm_90")
+        explicit = {"gpt-sovits-v3": {"kernel_backend": "torch"}, "vits": {"attn_implementation": "sdpa"}}
         for t in ("gpt-sovits-v3", "vits"):
             TTSOptimizationConfig().resolve(t, mode="inference", context=ctx).manifest()
-            TTSOptimizationConfig(attn_implementation="sdpa").resolve(t, context=ctx)
+            TTSOptimizationConfig(**explicit[t]).resolve(t, context=ctx)
         new = sorted(set(sys.modules) - before)
         print(json.dumps(new))
         """

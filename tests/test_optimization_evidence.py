@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from types import MappingProxyType
 
 import pytest
 
@@ -16,7 +17,13 @@ from voicehub.optimization import (
     TTSOptimizationConfig,
     check_evidence,
 )
-from voicehub.optimization.families import FAMILY_CAPABILITIES
+from voicehub.optimization.config import Feature
+from voicehub.optimization.families import (
+    FAMILY_CAPABILITIES,
+    FamilyCapabilities,
+    Technique,
+    TechniqueKind,
+)
 
 H200 = OptimizationContext(device="cuda", dtype="float16", gpu_arch="sm_90")
 SHA = "ab" * 32
@@ -172,17 +179,41 @@ def test_auto_respects_a_newer_rejection(tmp_path):
     assert d.is_native and "rejected by" in d.reason
 
 
+# A test-local family with an implemented approximate technique (gpt-sovits-v3 declares
+# cfm_short_schedule but has not implemented it yet, so auto skips it whatever the evidence says).
+FAKE = FamilyCapabilities(
+    model_type="fake-tts",
+    techniques=(
+        Technique(
+            Feature.DIFFUSION_SAMPLING, "cfm_short_schedule", TechniqueKind.APPROXIMATE, "fake schedule"
+        ),
+    ),
+)
+CAPS = MappingProxyType({**FAMILY_CAPABILITIES, FAKE.model_type: FAKE})
+
+
 def test_approximate_technique_needs_a_real_checkpoint_quality_run(tmp_path):
-    proof = exactness(
-        model_type="gpt-sovits-v3", feature="diffusion_sampling", technique="cfm_short_schedule"
+    proof = exactness(model_type="fake-tts", feature="diffusion_sampling", technique="cfm_short_schedule")
+    plan = TTSOptimizationConfig().resolve(
+        "fake-tts", context=H200, evidence=write(tmp_path, proof), capabilities=CAPS
     )
-    plan = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200, evidence=write(tmp_path, proof))
     d = plan.decision("diffusion_sampling")
     assert d.is_native and "approximate" in d.reason
     (tmp_path / "e0.json").unlink()
-    plan = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200, evidence=write(tmp_path, quality()))
+    store = write(tmp_path, quality(model_type="fake-tts"))
+    plan = TTSOptimizationConfig().resolve("fake-tts", context=H200, evidence=store, capabilities=CAPS)
     d = plan.decision("diffusion_sampling")
     assert d.selected == "cfm_short_schedule" and d.evidence["kind"] == "quality"
+
+
+def test_validated_evidence_does_not_select_a_not_implemented_technique(tmp_path):
+    store = write(tmp_path, quality())  # gpt-sovits-v3, cfm_short_schedule, validated
+    d = (
+        TTSOptimizationConfig()
+        .resolve("gpt-sovits-v3", context=H200, evidence=store)
+        .decision("diffusion_sampling")
+    )
+    assert d.is_native and d.reason == "stays native: cfm_short_schedule: not implemented yet"
 
 
 def test_a_bad_file_in_the_folder_stops_loading(tmp_path):

@@ -94,6 +94,13 @@ def test_declared_but_not_implemented_techniques_raise(model, config):
     assert _activation_kernels(model) == before and model.optimization_result is None
 
 
+def test_not_implemented_error_is_the_optimization_layers_own():
+    from voicehub.optimization import errors
+
+    assert OptimizationNotImplementedError is errors.OptimizationNotImplementedError  # re-exported here
+    assert issubclass(OptimizationNotImplementedError, errors.OptimizationUnsupportedError)
+
+
 def test_every_declared_technique_has_a_transform(model):
     caps = FAMILY_CAPABILITIES["gpt-sovits-v3"]
     offered = {(str(t.feature), t.technique) for t in model.optimization_targets()}

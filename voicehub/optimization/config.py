@@ -15,7 +15,10 @@ from voicehub.choices import parse_choice
 from voicehub.runtime.graph_presets import GraphPreset
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from voicehub.optimization.evidence import EvidenceStore
+    from voicehub.optimization.families import FamilyCapabilities
     from voicehub.optimization.plan import OptimizationPlan
 
 
@@ -135,16 +138,19 @@ class TTSOptimizationConfig:
         context: OptimizationContext | None = None,
         *,
         evidence: EvidenceStore | None = None,
+        capabilities: Mapping[str, FamilyCapabilities] | None = None,
     ) -> OptimizationPlan:
         """Decide every feature for `model_type` on `context`; changes nothing, imports no GPU package.
 
-        Raises OptimizationUnsupportedError for an explicit request that cannot run there and
+        Raises OptimizationUnsupportedError for an explicit request that cannot run there
+        (OptimizationNotImplementedError for a technique declared but not implemented yet) and
         TrainingModeUnsupportedError for mode='training'. `evidence` defaults to the files
-        shipped in voicehub/optimization/evidence/.
+        shipped in voicehub/optimization/evidence/; `capabilities` (model_type -> record) to the
+        package's FAMILY_CAPABILITIES.
         """
         from voicehub.optimization.plan import resolve_plan
 
-        return resolve_plan(self, model_type, mode, context, evidence)
+        return resolve_plan(self, model_type, mode, context, evidence, capabilities)
 
 
 @dataclass(frozen=True)

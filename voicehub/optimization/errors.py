@@ -13,6 +13,10 @@ class OptimizationUnsupportedError(OptimizationError, ValueError):
     """An explicit request that the family, device, dtype or GPU cannot run; nothing was changed."""
 
 
+class OptimizationNotImplementedError(OptimizationUnsupportedError):
+    """A technique the family declares for its design but has not implemented yet; nothing changed."""
+
+
 class TrainingModeUnsupportedError(OptimizationUnsupportedError):
     """mode='training': VoiceHub optimizes inference only, for every family."""
 
@@ -38,6 +42,7 @@ __all__ = [
     "MissingDependencyError",
     "OptimizationDependencyError",
     "OptimizationError",
+    "OptimizationNotImplementedError",
     "OptimizationRollbackError",
     "OptimizationStateError",
     "OptimizationUnsupportedError",

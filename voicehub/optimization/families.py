@@ -38,9 +38,10 @@ class Technique:
     dtypes: frozenset[DType] = ALL_DTYPES
     gpu_archs: frozenset[str] | None = None  # None: any architecture
     distribution: str | None = None  # a PyPI distribution that must be installed (read from metadata)
-    # Declared for the family's design but with no transform yet: the family's
-    # optimization_targets() offers a transform whose validate() raises this reason, so an explicit
-    # request fails before anything changes (auto never selects it: no evidence can exist for it).
+    # Declared for the family's design but with no transform yet: resolution raises
+    # OptimizationNotImplementedError with this reason for an explicit request, and `auto` skips it
+    # ("not implemented yet"). The family's optimization_targets() still offers a placeholder whose
+    # validate() raises the same error, as a second guard.
     not_implemented: str | None = None
 
     def unmet(self, device_type: str, dtype: DType, gpu_arch: str | None) -> str | None:
@@ -131,7 +132,8 @@ GPT_SOVITS_V3 = FamilyCapabilities(
     ),
     notes=(
         "implemented: kernels=triton and kernels=torch; the other techniques are declared but not "
-        "implemented yet, and an explicit request for one raises OptimizationNotImplementedError at optimize()",
+        "implemented yet: an explicit request for one raises OptimizationNotImplementedError when the "
+        "plan is resolved, and auto skips them",
         "cuda_extension: no compiled CUDA extension is shipped for this family yet",
         "diffusion_sampling and diffusion_cache are approximate: auto keeps them off until a "
         "fixed-seed comparison on a real checkpoint passes the quality gate",

@@ -7,6 +7,7 @@ distributions by their metadata (nothing optional is imported) and changes no mo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -22,6 +23,7 @@ from voicehub.optimization.config import (
 )
 from voicehub.optimization.errors import (
     OptimizationDependencyError,
+    OptimizationNotImplementedError,
     OptimizationUnsupportedError,
     TrainingModeUnsupportedError,
 )
@@ -119,13 +121,17 @@ class OptimizationPlan:
         )
 
 
-def family_capabilities(model_type: str) -> FamilyCapabilities:
-    if model_type not in FAMILY_CAPABILITIES:
-        known = ", ".join(sorted(FAMILY_CAPABILITIES))
+def family_capabilities(
+    model_type: str, capabilities: Mapping[str, FamilyCapabilities] | None = None
+) -> FamilyCapabilities:
+    """The record of `model_type` in `capabilities` (default: the package's FAMILY_CAPABILITIES)."""
+    table = FAMILY_CAPABILITIES if capabilities is None else capabilities
+    if model_type not in table:
+        known = ", ".join(sorted(table))
         raise OptimizationUnsupportedError(
             f"no optimization support is declared for model_type {model_type!r}; known: {known}"
         )
-    return FAMILY_CAPABILITIES[model_type]
+    return table[model_type]
 
 
 def missing_distribution(tech: Technique) -> str | None:
@@ -153,6 +159,11 @@ def _explicit(
         raise OptimizationUnsupportedError(
             f"{caps.model_type} does not support {feature}={requested!r}; use one of {', '.join(valid)}"
         )
+    if tech.not_implemented is not None:  # declared for the design, but nothing could run it
+        off = NATIVE if feature in (Feature.ATTENTION, Feature.KERNELS) else "disabled"
+        raise OptimizationNotImplementedError(
+            f"{caps.model_type}: {feature}={tech.name!r} is {tech.not_implemented}; use {feature}={off!r}"
+        )
     why = tech.unmet(ctx.device_type, ctx.dtype, ctx.gpu_arch)
     if why:
         raise OptimizationUnsupportedError(f"{feature}={requested!r} cannot run here: {why}")
@@ -165,6 +176,8 @@ def _explicit(
 def _auto_skip_reason(
     tech: Technique, caps: FamilyCapabilities, ctx: OptimizationContext, store: EvidenceStore
 ) -> tuple[str | None, Any]:
+    if tech.not_implemented is not None:
+        return f"{tech.name}: not implemented yet", None
     why = tech.unmet(ctx.device_type, ctx.dtype, ctx.gpu_arch) or missing_distribution(tech)
     if why:
         return why, None
@@ -221,9 +234,10 @@ def resolve_plan(
     mode: str = "inference",
     context: OptimizationContext | None = None,
     evidence: EvidenceStore | None = None,
+    capabilities: Mapping[str, FamilyCapabilities] | None = None,
 ) -> OptimizationPlan:
     """See TTSOptimizationConfig.resolve."""
-    caps = family_capabilities(model_type)
+    caps = family_capabilities(model_type, capabilities)
     mode = parse_choice(OptimizationMode, mode, "mode")
     context = context if context is not None else OptimizationContext(mode=mode)
     if OptimizationMode.TRAINING in (mode, context.mode):

@@ -7,8 +7,8 @@ and ADD_LAYER_NORM (`Pipeline.set_t2s_step_kernels`; the eager reference path, u
 with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
 code never picks a kernel: it calls whatever function its instance holds.
 Techniques that the family's capability record declares but that have no transform yet get a
-placeholder whose `validate()` raises `OptimizationNotImplementedError`, so an explicit request
-fails before anything changes.
+placeholder whose `validate()` raises `OptimizationNotImplementedError` (a second guard: resolution
+already refuses an explicit request for one, and `auto` skips them).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
 from voicehub.optimization.config import KernelBackend
-from voicehub.optimization.errors import OptimizationUnsupportedError
+from voicehub.optimization.errors import OptimizationNotImplementedError, OptimizationUnsupportedError
 from voicehub.optimization.families import FAMILY_CAPABILITIES, Technique
 from voicehub.runtime.kernels import registry
 
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 Undo = Callable[[], None]
 KERNEL_BACKENDS = (KernelBackend.TORCH, KernelBackend.TRITON)  # the backends with a transform here
-
-
-class OptimizationNotImplementedError(OptimizationUnsupportedError):
-    """A technique the family declares for its design but has not implemented yet; nothing changed."""
 
 
 @dataclass
@@ -123,3 +119,11 @@ def gpt_sovits_transforms(model: GptSovitsModel) -> list:
     transforms: list = [KernelBackendTransform(model, b) for b in KERNEL_BACKENDS]
     transforms += [NotImplementedTransform(model.model_type, t) for t in caps.not_implemented()]
     return transforms
+
+
+__all__ = [
+    "KernelBackendTransform",
+    "NotImplementedTransform",
+    "OptimizationNotImplementedError",  # re-exported: it lives in voicehub.optimization.errors
+    "gpt_sovits_transforms",
+]
