@@ -5,6 +5,11 @@ rotary embedding is applied to the first `dim_head` channels of q and k before t
 heads (so only the first head is rotated), with interleaved pairs, as x_transformers'
 `apply_rotary_pos_emb` does on a [B, N, heads*dim_head] tensor; and the text/step embeddings
 do not change across solver steps, so they are computed once per solve.
+
+A `mask` [B, N] (True on valid frames) lets rows of different lengths share a right-padded batch:
+attention ignores padded keys, and every layer that mixes frames (the depthwise and positional
+convolutions, GRN's norm over frames) sees zeros there, as the unpadded row sees its zero padding,
+so a valid frame's output does not depend on the padding (up to float rounding).
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ def sinusoid_table(dim: int, n_pos: int, theta: float = 10000.0) -> torch.Tensor
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
     angles = torch.outer(torch.arange(n_pos).float(), freqs)
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+def _zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x [B, N, D] with padded frames (mask [B, N] False) set to 0; x itself when mask is None."""
+    return x if mask is None else x.masked_fill(~mask[..., None], 0.0)
 
 
 class TimestepEmbedding(nn.Module):
@@ -69,10 +79,10 @@ class ConvNeXtV2Block(nn.Module):
         self.grn = GRN(hidden)
         self.pwconv2 = nn.Linear(hidden, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, N, D]
-        h = self.dwconv(x.transpose(1, 2)).transpose(1, 2)
-        h = self.grn(F.gelu(self.pwconv1(self.norm(h))))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [B, N, D]; mask: [B, N] or None
+        h = self.dwconv(_zero_padding(x, mask).transpose(1, 2)).transpose(1, 2)
+        h = self.grn(_zero_padding(F.gelu(self.pwconv1(self.norm(h))), mask))
         return x + self.pwconv2(h)
 
 
@@ -86,10 +96,13 @@ class TextEmbedding(nn.Module):
             *[ConvNeXtV2Block(text_dim, text_dim * conv_mult) for _ in range(n_conv_layers)]
         )
 
-    def forward(self, text: torch.Tensor) -> torch.Tensor:
+    def forward(self, text: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # text: [B, N, text_dim]; positions past the table reuse its last row, as upstream
         pos = torch.arange(text.shape[1], device=text.device).clamp(max=TEXT_MAX_POS - 1)
-        return self.text_blocks(text + self.freqs_cis[pos].to(text.dtype))
+        x = text + self.freqs_cis[pos].to(text.dtype)
+        for block in self.text_blocks:
+            x = block(x, mask)
+        return x
 
 
 class ConvPositionEmbedding(nn.Module):
@@ -103,9 +116,11 @@ class ConvPositionEmbedding(nn.Module):
             nn.Mish(),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, N, D]
-        return self.conv1d(x.transpose(1, 2)).transpose(1, 2)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [B, N, D]; mask: [B, N] or None
+        conv1, act1, conv2, act2 = self.conv1d
+        h = act1(conv1(_zero_padding(x, mask).transpose(1, 2)))
+        return act2(conv2(_zero_padding(h.transpose(1, 2), mask).transpose(1, 2))).transpose(1, 2)
 
 
 class InputEmbedding(nn.Module):
@@ -114,10 +129,12 @@ class InputEmbedding(nn.Module):
         self.proj = nn.Linear(mel_dim * 2 + text_dim, dim)
         self.conv_pos_embed = ConvPositionEmbedding(dim)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, text_embed: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cond: torch.Tensor, text_embed: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # x, cond: [B, N, mel], text_embed: [B, N, text_dim] -> [B, N, dim]
         h = self.proj(torch.cat((x, cond, text_embed), dim=-1))
-        return self.conv_pos_embed(h) + h
+        return self.conv_pos_embed(h, mask) + h
 
 
 class RotaryEmbedding(nn.Module):
@@ -224,15 +241,17 @@ class DiT(nn.Module):
         self.norm_out = AdaLayerNormZero(dim, 2)
         self.proj_out = nn.Linear(dim, mel_dim)
 
-    def condition(self, mu: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def condition(
+        self, mu: torch.Tensor, d: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step-invariant parts: text embedding [B, N, text_dim] and step-size embedding [B, dim]."""
-        # mu: [B, N, text_dim], d: [B] solver step size
-        return self.text_embed(mu), self.d_embed(d)
+        # mu: [B, N, text_dim], d: [B] solver step size, mask: [B, N] valid frames or None
+        return self.text_embed(mu, mask), self.d_embed(d)
 
     def forward(self, x, cond, text_emb, t, d_emb, mask=None):
         # x, cond: [B, N, mel] noisy mel and prompt mel, text_emb: [B, N, text_dim], t: [B], d_emb: [B, dim]
         temb = self.time_embed(t) + d_emb
-        h = self.input_embed(x, cond, text_emb)
+        h = self.input_embed(x, cond, text_emb, mask)
         rope = self.rotary_embed(x.shape[1])
         for block in self.transformer_blocks:
             h = block(h, temb, rope, mask)
