@@ -26,6 +26,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
     # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
     e2e) step e2e 330 python3 benchmarks/e2e_bench.py --out "$OUT/e2e_h200.json" ;;
+    batch) step t2s-batch 240 python3 benchmarks/t2s_batch_bench.py --reps 2 --out "$OUT/t2s_batch_h200.json" ;;
     vits) step vits 60 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
   esac
 done

@@ -73,7 +73,8 @@ def decode_mel(
     """
     if speed <= 0:
         raise ValueError(f"speed must be > 0, got {speed}")
-    fea_todo = model.decode_encp(_as_codes(codes), phones, prompt.ge, speed)
+    # decoders return tokens on the CPU (DecodeResult); the codebook lookup runs where the phones are
+    fea_todo = model.decode_encp(_as_codes(codes).to(phones.device), phones, prompt.ge, speed)
     fea_ref, mel_ref = prompt.fea, prompt.mel
     t_min = mel_ref.shape[2]
     if t_min == 0:
