@@ -1,7 +1,9 @@
-"""The graph-captured T2S decoder gives the eager reference's tokens (CPU: preset off; GPU: captured)."""
+"""The graph-captured T2S decoder gives the eager reference's tokens (CPU: preset off; GPU: captured),
+and its step-wise face (`decode_iter`) gives `decode`'s tokens and result, a stop check at a time."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import subprocess
@@ -11,10 +13,10 @@ import pytest
 import torch
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
-from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
+from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
-from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest
+from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder, decode_iter
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest, T2SStaticDecoder
 
 ENGINE = StaticDecodeConfig(max_batch=2, max_seq_len=160, kv_buckets=(32, 64, 96), stop_check_interval=4)
 CASES = [
@@ -124,3 +126,115 @@ def test_capture_warmups_leave_no_trace_mid_decode(ckpt):
         assert not all(torch.equal(a, b) for a, b in zip(before, decoder._step_written()))
     assert all(torch.equal(a, b) for a, b in zip(before, decoder._step_written()))
     assert torch.equal(decoder.generator.get_state(), rng)
+
+
+# decode_iter: the prompt is 14..18 phonemes + 17 tokens, so 60 tokens cross the 32/64/96 KV buckets;
+# the cap and EOS cases stop at a step that is not a multiple of the stop-check interval.
+ITER_CASES = [
+    (T2SSamplingParams.greedy(force_n_tokens=60), StopReason.FORCED),
+    (T2SSamplingParams.greedy(repetition_penalty=1.35, max_new_tokens=45), StopReason.MAX_TOKENS),
+    (T2SSamplingParams(seed=5, top_k=5, top_p=1.0, temperature=1.0, force_n_tokens=61), StopReason.FORCED),
+    (T2SSamplingParams(seed=3, max_new_tokens=50), StopReason.MAX_TOKENS),
+    (T2SSamplingParams(seed=9, top_k=5, top_p=0.9, temperature=0.8, max_new_tokens=100), StopReason.EOS),
+    (T2SSamplingParams.greedy(max_new_tokens=100), StopReason.EOS),
+]
+
+
+def eos_likely(model):
+    """A copy of `model` whose head adds a bias to EOS: sampling stops on EOS after a few dozen steps
+    (tiny random weights never choose it), greedy on the first step where it may."""
+    model = copy.deepcopy(model)
+    head = torch.nn.Linear(
+        *reversed(model.ar_predict_layer.weight.shape), device=model.ar_predict_layer.weight.device
+    )
+    with torch.no_grad():
+        head.weight.copy_(model.ar_predict_layer.weight)
+        head.bias.zero_()
+        head.bias[model.config.eos] = 5.0
+    model.ar_predict_layer = head.to(model.ar_predict_layer.weight.dtype)
+    return model
+
+
+def check_iter_against_decode(model, eos_model, config, make_decoder, cases=ITER_CASES, one_row=True):
+    """For each case: decode_iter's items equal decode()'s result, and the eager reference's tokens
+    (when not one_row, a step draws noise for more rows than eager: greedy cases only)."""
+    for i, (params, reason) in enumerate(cases):
+        net = eos_model if reason == StopReason.EOS else model
+        decoder = make_decoder(net)
+        req = T2SRequest(*random_prompt(config, 14 + i % 5, 17, i), params)
+        items = list(
+            decoder.decode_iter(req) if hasattr(decoder, "decode_iter") else decode_iter(decoder, req)
+        )
+        (whole,) = decoder.decode([req])
+        eager = decode(net, req.phone_ids, req.bert, req.prompt_tokens, params)
+        result = items[-1].result
+        assert result is not None and all(item.result is None for item in items[:-1])
+        assert result.stop_reason == whole.stop_reason == reason, params
+        assert result.tokens.tolist() == whole.tokens.tolist(), params
+        assert result.n_steps == whole.n_steps
+        if one_row or params.top_k == 1:
+            assert (result.tokens.tolist(), result.stop_reason) == (eager.tokens.tolist(), eager.stop_reason)
+        streamed = torch.cat([item.tokens.cpu() for item in items]).tolist()
+        kept = [] if reason != StopReason.MAX_TOKENS else streamed[:1]  # the documented first token on a cap
+        assert streamed == kept + result.tokens.tolist(), params
+        interval = decoder.engine.stop_check_interval
+        assert all(len(item.tokens) == interval for item in items[:-1])  # one batch per stop check
+        assert len(items) - 1 == (result.n_steps - 1) // interval  # ... up to the check that saw the stop
+        assert len(set(streamed)) > 1  # non-degenerate: the comparison can fail
+
+
+def test_decode_iter_gives_decode_results_static_eager(ckpt):
+    model, config = load_t2s(ckpt, dtype="float32")
+    check_iter_against_decode(model, eos_likely(model), config, lambda m: T2SStaticDecoder(m, ENGINE))
+
+
+def test_decode_iter_gives_decode_results_graph_decoder_off(ckpt):
+    model, config = load_t2s(ckpt, dtype="float32")
+    check_iter_against_decode(model, eos_likely(model), config, lambda m: T2SGraphDecoder(m, ENGINE, "off"))
+
+
+def test_decode_iter_with_a_wider_batch_bucket_and_interval(ckpt):
+    # decode() of one request steps the smallest batch bucket's rows: 2 here, so 2 noise rows per draw.
+    model, config = load_t2s(ckpt, dtype="float32")
+    engine = StaticDecodeConfig(max_batch=2, max_seq_len=160, kv_buckets=(48, 96), batch_buckets=(2,),
+                                stop_check_interval=5)  # fmt: skip
+    check_iter_against_decode(
+        model,
+        eos_likely(model),
+        config,
+        lambda m: T2SStaticDecoder(m, engine),
+        [*ITER_CASES[2:4], ITER_CASES[5]],
+        one_row=False,
+    )
+
+
+class _StepCounter(T2SStaticDecoder):
+    n_steps = 0
+
+    def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
+        self.n_steps += 1
+        super().step(n_rows, n_slots, drop_eos)
+
+
+def test_decode_iter_yields_before_the_decode_ends(ckpt):
+    model, config = load_t2s(ckpt, dtype="float32")
+    decoder = _StepCounter(model, ENGINE)
+    req = T2SRequest(*random_prompt(config, 14, 17, 0), T2SSamplingParams(seed=2, force_n_tokens=60))
+    items = decoder.decode_iter(req) if hasattr(decoder, "decode_iter") else decode_iter(decoder, req)
+    first = next(items)
+    assert len(first.tokens) == ENGINE.stop_check_interval and first.result is None
+    assert decoder.n_steps == ENGINE.stop_check_interval - 1  # the prefill's sample gave the first token
+    rest = list(items)
+    assert decoder.n_steps == 59 and rest[-1].result is not None
+    items.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["full", "lazy"])
+def test_decode_iter_on_graphs_fp16_gives_decode_results(ckpt, preset):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model, config = load_t2s(ckpt, device="cuda", dtype="float16")
+    eos_model = eos_likely(model)
+    decoders = {id(m): T2SGraphDecoder(m, ENGINE, preset=preset) for m in (model, eos_model)}
+    check_iter_against_decode(model, eos_model, config, lambda m: decoders[id(m)])

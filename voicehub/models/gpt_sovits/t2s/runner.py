@@ -5,21 +5,84 @@ sampling buffers, per-row state, the device RNG and the graphs of `decode_step`,
 (KV bucket, batch bucket, drop_eos) key, all in one memory pool. A sequence that outgrows a KV
 bucket moves to the next graph in place (the cache is shared); beyond the largest bucket the
 request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
+
+`decode_iter(request)` is the step-wise face of `decode` for streaming: the tokens come out at every
+stop check (the one host read of a decode), the steps and the RNG stream are `decode`'s own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import torch
 
+from voicehub.models.gpt_sovits.t2s.config import EOS_BLOCKED_STEPS
+from voicehub.models.gpt_sovits.t2s.decode import DecodeResult, StopReason, reseed
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SStaticDecoder
+from voicehub.models.gpt_sovits.t2s.static import (
+    StaticDecodeConfig,
+    StepKernels,
+    T2SRequest,
+    T2SStaticDecoder,
+    sample_step,
+)
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
+from voicehub.runtime.kv_cache import pick_bucket
 
 GraphKey = tuple[int, int, bool]  # (batch rows, KV slots, drop_eos)
+
+
+@dataclass(frozen=True)
+class DecodedTokens:
+    """One item of a step-wise decode: `tokens` [n] long, on the decoder's device, decoded since the
+    previous item (n may be 0 on the last item); `result` is None except on the last item, where it is
+    exactly what `decode([request])[0]` returns."""
+
+    tokens: torch.Tensor
+    result: DecodeResult | None = None
+
+
+def _n_spoken(result: DecodeResult) -> int:
+    """Tokens of the decode a stream speaks: every token drawn but an EOS stop's last one (see decode_iter)."""
+    return result.n_steps - 1 if result.stop_reason == StopReason.EOS else result.n_steps
+
+
+@torch.inference_mode()
+def decode_iter(decoder: T2SStaticDecoder, request: T2SRequest) -> Iterator[DecodedTokens]:
+    """`decoder.decode([request])` step by step: the same steps (KV buckets, EOS phases, batch bucket)
+    and the same RNG stream, so the same tokens and DecodeResult, handed out as they are decoded.
+
+    Every `stop_check_interval` steps, where `decode` reads the stop flag (the only host read), the
+    tokens drawn since the last item are yielded as a device tensor (no copy to the host). The
+    concatenated tokens equal the result's, except on a cap stop (no EOS within max_new_tokens), where
+    upstream's callers drop the *first* token (`y[-idx:]`, kept in `result.tokens`): a stream has already
+    spoken it, so the yielded tokens keep it (one more), as `streaming.decode_steps` does.
+    The decoder's state belongs to the iterator until it ends or is closed: no other decode may run on
+    this decoder meanwhile (the pipeline holds its T2S lock for that).
+    """
+    engine, model, st = decoder.engine, decoder.model, decoder.state
+    decoder._reset()
+    n_rows = pick_bucket(1, engine.row_buckets)  # decode() of one request steps the same rows
+    state, buf = st.narrow(n_rows), decoder.buf.narrow(n_rows)
+    first = torch.zeros(n_rows, model.config.vocab_size, device=decoder.device)
+    first = first.to(model.ar_predict_layer.weight.dtype)
+    first[0], n_prompt, limit = decoder._load_row(0, request)
+    generator = reseed(decoder.generator, request.params.seed)
+    is_forced = request.params.force_n_tokens is not None
+    sample_step(model, state, first, buf, generator, drop_eos=True)
+    n_sent = 0
+    for n_steps in range(1, limit):
+        if n_steps % engine.stop_check_interval == 0:
+            if bool(st.done[0]):
+                break  # the one host read, where decode() makes it
+            yield DecodedTokens(st.out[0, n_sent:n_steps].clone())  # not done: all n_steps drawn are speech
+            n_sent = n_steps
+        n_slots = pick_bucket(n_prompt + n_steps, engine.buckets)
+        decoder.step(n_rows, n_slots, is_forced or n_steps < EOS_BLOCKED_STEPS)
+    result = decoder._result(0)
+    yield DecodedTokens(st.out[0, n_sent : _n_spoken(result)].clone(), result)
 
 
 class T2SGraphDecoder(T2SStaticDecoder):
@@ -90,3 +153,7 @@ class T2SGraphDecoder(T2SStaticDecoder):
 
     def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
         self.graphs.run((n_rows, n_slots, drop_eos))
+
+    def decode_iter(self, request: T2SRequest) -> Iterator[DecodedTokens]:
+        """One request decoded step by step, each step a graph replay (see the module's `decode_iter`)."""
+        return decode_iter(self, request)
