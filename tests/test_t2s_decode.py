@@ -13,7 +13,14 @@ import torch
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.config import FULL_V3
-from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode, race_margin
+from voicehub.models.gpt_sovits.t2s.decode import (
+    StopReason,
+    T2SSamplingParams,
+    boundary_margin,
+    decision_margin,
+    decode,
+    race_margin,
+)
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import (
     logit_margins,
     make_t2s_checkpoint,
@@ -151,13 +158,41 @@ def test_decision_margins_sampled_are_race_margins(tiny):
     assert not torch.allclose(result.decision_margins, result.margins)
 
 
-def test_single_candidate_steps_fall_back_to_logit_margins(tiny):
-    """A nucleus so small that only the top token survives makes every step an argmax of the logits."""
+def test_single_candidate_steps_use_the_logit_margin_over_temperature(tiny):
+    """A nucleus so small that only the top token survives: the decision flips only if the top two
+    logits swap (or the cut moves, far away here), so the margin is the logit margin / temperature."""
     _, model, config = tiny
     phones, bert, prompt = random_prompt(config, 15, 12, seed=4)
-    result = decode(model, phones, bert, prompt, T2SSamplingParams(seed=3, top_p=1e-3, force_n_tokens=30))
-    assert not bool(result.is_race.any())
-    assert torch.equal(result.decision_margins, result.margins)
+    params = T2SSamplingParams(seed=3, top_p=1e-3, temperature=0.5, force_n_tokens=30)
+    result = decode(model, phones, bert, prompt, params)
+    assert bool(result.is_race.all())
+    assert torch.allclose(result.decision_margins, result.margins / 0.5)
+
+
+def test_boundary_margin_by_hand():
+    """The top-k cut: gap between the k-th and (k+1)-th temperature-scaled logits; the top-p cut: the
+    log-ratio of the nearest cumulative probability to top_p."""
+    logits = torch.tensor([[4.0, 3.0, 2.5, 0.0]])
+    topk = boundary_margin(logits, T2SSamplingParams(top_k=2, top_p=1.0, temperature=0.5))
+    assert topk.item() == pytest.approx((3.0 - 2.5) / 0.5)
+    cum = torch.softmax(logits, dim=-1).cumsum(dim=-1)[0]  # ~0.63, 0.86, 0.99, 1.0
+    nucleus = boundary_margin(logits, T2SSamplingParams(top_k=4, top_p=0.9, temperature=1.0))
+    # the first removed index is 2 (cum 0.99 > 0.9); the kept side ends at cum[1] = 0.86
+    expected = min(math.log(cum[2].item() / 0.9), math.log(0.9 / cum[1].item()))
+    assert nucleus.item() == pytest.approx(expected, rel=1e-5)
+    assert boundary_margin(logits, T2SSamplingParams(top_k=4, top_p=1.0)).item() == math.inf
+
+
+def test_sampled_margin_sees_a_token_about_to_enter_the_top_k(tiny):
+    """A step whose k-th and (k+1)-th logits nearly tie is a near-tie even when the race was clear."""
+    logits = torch.tensor([[5.0, 1.0, 0.995, -3.0]])
+    params = T2SSamplingParams(top_k=2, top_p=1.0, temperature=1.0)
+    probs = torch.softmax(torch.where(logits < 0.999, float("-inf"), logits), dim=-1)
+    q = torch.ones_like(probs)
+    token = torch.argmax(probs / q, dim=-1)
+    margin, is_race = decision_margin(probs, q, token, logits, params)
+    assert race_margin(probs, q, token).item() > 3  # the race alone looks safe
+    assert margin.item() == pytest.approx(0.005, abs=1e-4) and bool(is_race.all())
 
 
 def test_tiny_checkpoint_is_not_degenerate(tiny):

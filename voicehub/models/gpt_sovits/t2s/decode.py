@@ -85,15 +85,20 @@ class DecodeResult:
     decision_margins: [steps] float32, the margin of the decision the step actually took:
       - a logit margin (as `margins`) where the step was an argmax: top_k 1, or filtering left a
         single candidate, so only the order of the penalized logits decides;
-      - a race margin (natural-log units) where the exponential race `argmax(probs / q)` chose
-        among >= 2 candidates: log r[token] - max over j != token of log r[j], with
-        r = probs / q and log r = log(probs) - log(q) in float32 from eager's own probs and noise.
-        It is scale-free (normalising probs or scaling q shifts every log r alike) and says how
-        far the log-probabilities may move (by up to half of it each) before another token wins;
-        a logit error d moves log r by about d / temperature. Negative only where eager's own
-        lower-precision race and the float32 recomputation disagree (a tie in the model dtype).
-      It does not see changes of the candidate set (a top-k/top-p boundary token moving in or out).
-    is_race: [steps] bool, True where decision_margins is a race margin, False for a logit margin.
+      - a sampled margin (natural-log units) on every other step: the smallest of
+        * the race margin where the exponential race `argmax(probs / q)` chose among >= 2
+          candidates: log r[token] - max over j != token of log r[j], with r = probs / q and
+          log r = log(probs) - log(q) in float32 from eager's own probs and noise. It is
+          scale-free (normalising probs or scaling q shifts every log r alike) and says how far
+          the log-probabilities may move (by up to half of it each) before another token wins;
+          a logit error d moves log r by about d / temperature. Negative only where eager's own
+          lower-precision race and the float32 recomputation disagree (a tie in the model dtype);
+        * the candidate-set margins (`boundary_margin`): how close the top-k cut and the top-p cut
+          are to letting a token in or out (a token that enters can win the race);
+        * where filtering left one candidate, the top-1/top-2 logit margin / temperature (the
+          candidate is the top token, so an order flip changes it).
+    is_race: [steps] bool, True where decision_margins is a sampled margin (log units), False for
+      a logit margin (argmax steps: top_k 1).
     Paths other than eager may leave margins, decision_margins and is_race empty.
     """
 
@@ -165,16 +170,53 @@ def race_margin(probs: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> to
     return chosen - rival
 
 
+def boundary_margin(penalized: torch.Tensor, params: T2SSamplingParams) -> torch.Tensor:
+    """How far the candidate set is from changing, in natural-log units, [B] float32 (+inf where no
+    cut binds). penalized: [B, V] logits after the repetition penalty.
+
+    top-p (upstream removes every sorted token whose cumulative probability exceeds top_p, the top
+    one kept): with m the first removed index, min(log(cum[m] / top_p), log(top_p / cum[m - 1]))
+    (the second only where cum[m - 1] <= top_p: the top token stays whatever its probability);
+    a logit error d changes a sum of probabilities by a factor within exp(+-2d).
+    top-k: s[k-1] - s[k] of the sorted temperature-scaled logits that survive top-p (the race's
+    log-probability units), +inf when fewer than k + 1 tokens survive."""
+    x = penalized.float()
+    margin = torch.full(x.shape[:1], float("inf"), device=x.device)
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(x, dim=-1, descending=True)
+        cum = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+        removed = cum > params.top_p
+        removed[:, 0] = False
+        has_cut = removed.any(dim=-1)
+        m = removed.float().argmax(dim=-1).clamp(min=1)[:, None]
+        kept = cum.gather(1, m - 1)  # above top_p only when it is the top token, kept regardless
+        kept_room = torch.where(kept <= params.top_p, (params.top_p / kept).log(), float("inf"))
+        cut = torch.minimum((cum.gather(1, m) / params.top_p).log(), kept_room)[:, 0]
+        margin = torch.where(has_cut, torch.minimum(margin, cut), margin)
+        x = x.masked_fill(removed.scatter(1, order, removed), float("-inf"))
+    k = min(params.top_k, x.shape[-1])
+    if k < x.shape[-1]:
+        top = torch.topk(x / max(params.temperature, 1e-5), k + 1, dim=-1).values
+        gap = top[:, k - 1] - top[:, k]
+        margin = torch.minimum(margin, torch.where(torch.isfinite(top[:, k]), gap, float("inf")))
+    return margin
+
+
 def decision_margin(
-    probs: torch.Tensor, q: torch.Tensor, token: torch.Tensor, penalized: torch.Tensor, is_argmax: bool
+    probs: torch.Tensor,
+    q: torch.Tensor,
+    token: torch.Tensor,
+    penalized: torch.Tensor,
+    params: T2SSamplingParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(margin [B] float32, is_race [B] bool) of one step's decision, computed on the device (no sync).
-    probs, q, penalized: [B, V]; token: [B] long; is_argmax: the parameters make every step an argmax."""
+    probs, q, penalized: [B, V]; token: [B] long. See DecodeResult.decision_margins."""
     logit = top2_margin(penalized)
-    if is_argmax:
+    if params.top_k == 1:
         return logit, torch.zeros_like(logit, dtype=torch.bool)
-    is_race = (probs > 0).sum(dim=-1) >= 2  # one candidate: the race is an argmax of the logits
-    return torch.where(is_race, race_margin(probs, q, token), logit), is_race
+    several = (probs > 0).sum(dim=-1) >= 2
+    own = torch.where(several, race_margin(probs, q, token), logit / max(params.temperature, 1e-5))
+    return torch.minimum(own, boundary_margin(penalized, params)), torch.ones_like(several)
 
 
 def _step_layers(model: T2SModel, x: torch.Tensor, keys: list, values: list) -> torch.Tensor:
@@ -236,7 +278,7 @@ def decode(
         q = race_noise(probs, gen)
         token = torch.argmax(probs / q, dim=-1)  # draw_token, with q kept for the margin
         margins.append(top2_margin(penalized))
-        decision, is_race = decision_margin(probs, q, token, penalized, params.top_k == 1)
+        decision, is_race = decision_margin(probs, q, token, penalized, params)
         decisions.append(decision)
         races.append(is_race)
         history = torch.cat([history, token[:, None]], dim=1)
