@@ -33,6 +33,7 @@ class Backend(StrEnum):
 ANTI_ALIAS_SNAKE = "anti_alias_snake"  # f(x, up_filter, down_filter, alpha, beta, logscale) -> y
 ADD_LAYER_NORM = "add_layer_norm"  # f(x, residual, weight, bias, eps) -> LayerNorm(x + residual)
 DECODE_ATTENTION = "decode_attention"  # f(q, k, v, n_valid, scale) -> out
+T2S_LAYER_STACK = "t2s_layer_stack"  # f(x, weights, k_cache, v_cache, lengths, n_slots) -> logits
 
 
 class KernelUnavailableError(VoiceHubError, RuntimeError):
@@ -60,6 +61,12 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.decode_attention_triton:decode_attention_triton",
             }
         ),
+        T2S_LAYER_STACK: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.t2s_layer:decode_stack_reference",
+                Backend.TRITON: f"{_PKG}.t2s_layer_triton:decode_stack_triton",
+            }
+        ),
     }
 )
 # The definition of each op, against which every backend is tested.
@@ -68,6 +75,7 @@ _REFERENCES = MappingProxyType(
         ANTI_ALIAS_SNAKE: f"{_PKG}.anti_alias_snake:anti_alias_snake_reference",
         ADD_LAYER_NORM: f"{_PKG}.add_layer_norm:add_layer_norm_reference",
         DECODE_ATTENTION: f"{_PKG}.decode_attention:decode_attention_reference",
+        T2S_LAYER_STACK: f"{_PKG}.t2s_layer:decode_stack_reference",
     }
 )
 MIN_TRITON = (3, 2)  # tl.gather, used by the anti-aliased Snake kernel

@@ -28,6 +28,7 @@ from voicehub.models.gpt_sovits.t2s.decode import (
     reseed,
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
+from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
 from voicehub.runtime.sampling import SamplingBuffers, sample
 
@@ -81,16 +82,20 @@ class StaticDecodeConfig:
 
 @dataclass(frozen=True)
 class StepKernels:
-    """The functions a decode step calls for two fused ops (the kernel registry's signatures);
+    """The functions a decode step calls for fused ops (the kernel registry's signatures);
     None keeps the model's own modules. An optimization transform sets them on a decoder instance.
 
     attention: DECODE_ATTENTION `f(q [B, H, Dh], k, v [B, H, S, Dh], n_valid [B], scale) -> [B, H, Dh]`
     (attends to the true length instead of a masked bucket);
     add_layer_norm: ADD_LAYER_NORM `f(x, residual, weight, bias, eps) -> LayerNorm(x + residual)`
-    (both post-norm residuals of each layer)."""
+    (both post-norm residuals of each layer);
+    layer_stack: T2S_LAYER_STACK `f(x [B, D], StackWeights, k, v [L, B, H, S, Dh], lengths [B], n_slots)
+    -> logits [B, V]` (every layer and the head, writing K/V at slot lengths; when set, the step
+    calls it instead of the layers, and attention / add_layer_norm are not used)."""
 
     attention: Callable[..., torch.Tensor] | None = None
     add_layer_norm: Callable[..., torch.Tensor] | None = None
+    layer_stack: Callable[..., torch.Tensor] | None = None
 
 
 NATIVE_KERNELS = StepKernels()
@@ -153,6 +158,20 @@ def _finish(
     return aln(x, layer.linear2(F.relu(layer.linear1(x))), n2.weight, n2.bias, n2.eps)
 
 
+def stack_weights(model: T2SModel) -> StackWeights:
+    """The decoder's layers and head as the layer-stack op takes them (the parameters, not copies)."""
+    layers = tuple(
+        LayerWeights(
+            layer.self_attn.in_proj_weight, layer.self_attn.in_proj_bias, layer.self_attn.out_proj.weight,
+            layer.self_attn.out_proj.bias, layer.norm1.weight, layer.norm1.bias, layer.linear1.weight,
+            layer.linear1.bias, layer.linear2.weight, layer.linear2.bias, layer.norm2.weight, layer.norm2.bias,
+        )
+        for layer in model.h.layers
+    )  # fmt: skip
+    eps = model.h.layers[0].norm1.eps  # every norm of T2SLayer has the same eps
+    return StackWeights(layers, model.ar_predict_layer.weight, model.config.n_head, eps)
+
+
 def forward_step(
     model: T2SModel,
     cache: StaticKVCache,
@@ -164,6 +183,8 @@ def forward_step(
     """Run each row's last token through the decoder against its cached context.
     tokens, audio_pos: [B] long -> logits [B, V]. Writes K/V at slot `cache.lengths`; does not advance it."""
     x = model.embed_audio_at(tokens, audio_pos)  # [B, 1, D]
+    if kernels.layer_stack is not None:
+        return kernels.layer_stack(x[:, 0], stack_weights(model), cache.k, cache.v, cache.lengths, n_slots)
     mask = cache.step_mask(n_slots)  # [B, 1, 1, n_slots]
     n_valid = cache.lengths + 1  # [B]: the cached slots and the token written this step
     for i, layer in enumerate(model.h.layers):
