@@ -2,19 +2,22 @@
 
 Workload (issue 4): full-size random v3 weights made here by make_t2s_checkpoint, a prompt of
 80 phonemes + 150 semantic tokens, N decoded tokens with EOS suppressed, one stream.
-Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
+The `graphs_fused` path is the graph decoder with the fused Triton layer stack (StepKernels.layer_stack,
+registry op t2s_layer_stack). Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
 and eager's margin there for the decision it actually took (DecodeResult.decision_margins: the
 logit top-1/top-2 margin on argmax steps, the race margin log r1 - log r2 of probs/q on sampled
 steps); a divergence passes the margin rule only where that margin is within its epsilon
 (EPSILON_LOGIT or EPSILON_RACE); teacher-forced logits of graph replays against eager (rel. L2). Speed: first request (cold) and warm median tokens/s; capture time; peak memory.
 
     python benchmarks/t2s_decode_bench.py --out benchmarks/results/t2s_decode_h200.json
+    python benchmarks/t2s_decode_bench.py --size tiny --device cpu --n-tokens 8 --reps 1  # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -35,8 +38,15 @@ from voicehub.models.gpt_sovits.t2s.decode import (
 )
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import logit_margins, make_t2s_checkpoint, random_prompt
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest, forward_step
+from voicehub.models.gpt_sovits.t2s.static import (
+    NATIVE_KERNELS,
+    StaticDecodeConfig,
+    StepKernels,
+    T2SRequest,
+    forward_step,
+)
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner
+from voicehub.runtime.kernels import registry
 
 # A divergence is allowed only at a near-tie of eager's own decision, judged in that decision's units.
 # fp16 logits of size 4-16 are spaced 0.004-0.008 apart, and teacher-forced graph logits differed
@@ -101,8 +111,9 @@ def divergence_line(name: str, path: str, row: dict) -> str:
     )
 
 
-def teacher_forced(model, decoder, req, tokens) -> dict:
-    """Logits at each step fed eager's tokens: eager growing-KV path vs graph replays of forward_step."""
+def teacher_forced(model, decoder, req, tokens, kernels=NATIVE_KERNELS) -> dict:
+    """Logits at each step fed eager's tokens: eager growing-KV path vs graph replays of forward_step
+    (with `kernels`, the step's fused ops)."""
     dev = decoder.device
     phones, bert, prompt = req.phone_ids.to(dev), req.bert.to(dev), req.prompt_tokens.to(dev)
     logits, keys, values = encode_prompt(model, phones, bert, prompt)
@@ -119,7 +130,7 @@ def teacher_forced(model, decoder, req, tokens) -> dict:
     out = torch.zeros(1, model.config.vocab_size, device=dev, dtype=first.dtype)
 
     def step(n_slots):
-        out.copy_(forward_step(model, cache, tok, pos, n_slots))
+        out.copy_(forward_step(model, cache, tok, pos, n_slots, kernels))
         cache.advance()
         pos.add_(1)
         return out
@@ -161,6 +172,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (graphs off)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.device == "cpu":  # the fused path's Triton kernels run interpreted (read when triton is imported)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     t_start = time.perf_counter()
     torch.manual_seed(0)
     ckpt, make_s = timed(lambda: make_t2s_checkpoint(f"/tmp/t2s_{args.size}.ckpt", args.size, seed=0))
@@ -185,11 +198,15 @@ def main() -> None:
     lazy = T2SGraphDecoder(model, engine, preset="lazy" if on_gpu else "off")
     result["capture_full_s"] = capture_s
     result["n_graphs_full"] = len(graphs.graphs.captured_buckets)
+    fused = T2SGraphDecoder(model, engine, preset="full" if on_gpu else "off")
+    fused_kernels = StepKernels(layer_stack=registry.resolve(registry.T2S_LAYER_STACK, "triton", dev))
+    _, result["capture_fused_s"] = timed(lambda: fused.set_step_kernels(fused_kernels))  # compiles, captures
     rows = [
         speed("eager", lambda: decode(model, phones, bert, prompt, greedy), n, args.reps),
         speed("static_kv", lambda: static.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_lazy", lambda: lazy.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_full", lambda: graphs.decode([reqs["greedy"]]), n, args.reps),
+        speed("graphs_fused", lambda: fused.decode([reqs["greedy"]]), n, args.reps),
     ]
     result["speed"] = rows
     if on_gpu:
@@ -208,10 +225,14 @@ def main() -> None:
             },
             "static_kv": compare(ref, static.decode([req])[0].tokens),
             "graphs_full": compare(ref, graphs.decode([req])[0].tokens),
+            "graphs_fused": compare(ref, fused.decode([req])[0].tokens),
         }
     result["exactness"] = exact
     ref = decode(model, phones, bert, prompt, greedy)
     result["teacher_forced_logits_graph_vs_eager"] = teacher_forced(model, graphs, reqs["greedy"], ref.tokens)
+    result["teacher_forced_logits_fused_vs_eager"] = teacher_forced(
+        model, fused, reqs["greedy"], ref.tokens, fused_kernels
+    )
     result["meta"] = meta(args, make_s, load_s, time.perf_counter() - t_start)
     print(f"{'path':12} {'first_req_s':>11} {'warm_s':>8} {'tok/s':>8}")
     for r in rows:
@@ -219,11 +240,13 @@ def main() -> None:
             f"{r['path']:12} {r['first_request_s']:11.3f} {r['warm_median_s']:8.3f} {r['tokens_per_s']:8.0f}"
         )
     print("capture (full preset):", round(capture_s, 3), "s;", result["n_graphs_full"], "graphs")
+    print("fused stack: compile + capture", round(result["capture_fused_s"], 3), "s")
     print("exactness against eager (margin rule: divergence only where eager's decision margin <= epsilon):")
     for name, row in exact.items():
-        for path in ("static_kv", "graphs_full"):
+        for path in ("static_kv", "graphs_full", "graphs_fused"):
             print(" ", divergence_line(name, path, row[path]))
     print("teacher-forced:", result["teacher_forced_logits_graph_vs_eager"])
+    print("teacher-forced fused:", result["teacher_forced_logits_fused_vs_eager"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
