@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 import textwrap
-from types import MappingProxyType
 
 import pytest
+from optimization_fakes import CAPS
 
 from voicehub.errors import MissingDependencyError, VoiceHubError
 from voicehub.optimization import (
@@ -25,52 +25,14 @@ from voicehub.optimization import (
     list_tts_optimization_support,
 )
 from voicehub.optimization.families import (
-    CUDA_ONLY,
     FAMILY_CAPABILITIES,
-    HALF_DTYPES,
-    FamilyCapabilities,
-    Technique,
-    TechniqueKind,
 )
 
 EMPTY = EvidenceStore()
 CPU32 = OptimizationContext(mode="inference", device="cpu", dtype="float32")
 H200_FP16 = OptimizationContext(mode="inference", device="cuda", dtype="float16", gpu_arch="sm_90")
 
-# A test-local family whose every control has an implemented technique, so the resolution rules
-# are tested independently of how far a real family's implementation has come. It reaches
-# resolve() through its `capabilities` argument; the package's table is not touched.
-FAKE = FamilyCapabilities(
-    model_type="fake-tts",
-    techniques=(
-        Technique(
-            Feature.ATTENTION,
-            "flash_attention_4",
-            TechniqueKind.EXACT,
-            "fake FA4",
-            devices=CUDA_ONLY,
-            dtypes=HALF_DTYPES,
-            gpu_archs=frozenset({"sm_90", "sm_100"}),
-            distribution="flash-attn-4",
-        ),
-        Technique(Feature.ATTENTION, "sdpa", TechniqueKind.EXACT, "fake SDPA"),
-        Technique(
-            Feature.KERNELS,
-            "triton",
-            TechniqueKind.EXACT,
-            "fake Triton",
-            devices=CUDA_ONLY,
-            distribution="triton",
-        ),
-        Technique(Feature.KERNELS, "torch", TechniqueKind.EXACT, "fake torch kernels"),
-        Technique(Feature.COMPILE, "torch_compile", TechniqueKind.EXACT, "fake compile"),
-        Technique(
-            Feature.DIFFUSION_SAMPLING, "cfm_short_schedule", TechniqueKind.APPROXIMATE, "fake schedule"
-        ),
-        Technique(Feature.DIFFUSION_CACHE, "dit_step_cache", TechniqueKind.APPROXIMATE, "fake cache"),
-    ),
-)
-CAPS = MappingProxyType({**FAMILY_CAPABILITIES, FAKE.model_type: FAKE})
+# FAKE: a test-local family whose every control has an implemented technique (optimization_fakes.py).
 
 
 @pytest.mark.parametrize(
@@ -193,18 +155,17 @@ def test_explicit_unsupported_requests_raise_typed_errors(model_type, config, ct
 
 
 @pytest.mark.parametrize(
-    ("config", "ctx"),
+    ("model_type", "config", "ctx"),
     [
-        ({"attn_implementation": "sdpa"}, CPU32),
-        ({"attn_implementation": "flash_attention_4"}, H200_FP16),
-        ({"compile": "required"}, CPU32),
-        ({"diffusion_sampling": "required"}, CPU32),
-        ({"diffusion_cache": "required"}, CPU32),
+        ("gpt-sovits-v3", {"attn_implementation": "sdpa"}, CPU32),
+        ("gpt-sovits-v3", {"attn_implementation": "flash_attention_4"}, H200_FP16),
+        ("vits", {"kernel_backend": "torch"}, CPU32),
+        ("vits", {"kernel_backend": "triton"}, H200_FP16),
     ],
 )
-def test_explicit_not_implemented_technique_raises_at_resolve(config, ctx):
+def test_explicit_not_implemented_technique_raises_at_resolve(model_type, config, ctx):
     with pytest.raises(OptimizationNotImplementedError, match="not implemented yet") as info:
-        TTSOptimizationConfig(**config).resolve("gpt-sovits-v3", context=ctx, evidence=EMPTY)
+        TTSOptimizationConfig(**config).resolve(model_type, context=ctx, evidence=EMPTY)
     assert isinstance(info.value, OptimizationUnsupportedError)
     assert "native" in str(info.value) or "disabled" in str(info.value)  # names the fix
 
@@ -227,22 +188,24 @@ class _ValidatingStore:
 
 
 @pytest.mark.parametrize("evidence", [EMPTY, _ValidatingStore()], ids=["no-evidence", "validated"])
-def test_auto_skips_not_implemented_techniques_and_records_why(evidence):
-    plan = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200_FP16, evidence=evidence)
-    decisions = json.loads(plan.manifest())["decisions"]
-    by_feature = {d["feature"]: d for d in decisions}
-    for feature, names in [
-        ("attention", ("flash_attention_4", "sdpa")),
-        ("compile", ("torch_compile",)),
-        ("diffusion_sampling", ("cfm_short_schedule",)),
-        ("diffusion_cache", ("dit_step_cache",)),
-    ]:
-        d = by_feature[feature]
-        assert d["requested"] == "auto" and d["selected"] == "native", d
-        for name in names:
-            assert f"{name}: not implemented yet" in d["reason"], d
-    if isinstance(evidence, _ValidatingStore):  # the implemented kernels are still chosen
-        assert by_feature["kernels"]["selected"] in ("triton", "torch")
+@pytest.mark.parametrize(
+    ("model_type", "feature", "names", "implemented"),
+    [
+        ("gpt-sovits-v3", "attention", ("flash_attention_4", "sdpa"), ("kernels", ("triton", "torch"))),
+        ("vits", "kernels", ("triton", "torch"), ("attention", ("sdpa",))),
+    ],
+)
+def test_auto_skips_not_implemented_techniques_and_records_why(
+    evidence, model_type, feature, names, implemented
+):
+    plan = TTSOptimizationConfig().resolve(model_type, context=H200_FP16, evidence=evidence)
+    by_feature = {d["feature"]: d for d in json.loads(plan.manifest())["decisions"]}
+    d = by_feature[feature]
+    assert d["requested"] == "auto" and d["selected"] == "native", d
+    for name in names:
+        assert f"{name}: not implemented yet" in d["reason"], d
+    if isinstance(evidence, _ValidatingStore):  # the implemented techniques are still chosen
+        assert by_feature[implemented[0]]["selected"] in implemented[1]
 
 
 def test_flash_attention_4_without_its_package_raises_dependency_error(monkeypatch):

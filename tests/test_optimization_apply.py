@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from optimization_fakes import CAPS, FAKE
 
 from voicehub.optimization import (
     EvidenceStore,
@@ -21,6 +22,12 @@ from voicehub.optimization import (
 )
 
 EXPLICIT = TTSOptimizationConfig(attn_implementation="sdpa", kernel_backend="torch", compile="required")
+
+
+@pytest.fixture(autouse=True)
+def fake_family(monkeypatch):
+    """FakeModel is of the test-local family FAKE: resolution inside optimize() sees it."""
+    monkeypatch.setattr("voicehub.optimization.plan.FAMILY_CAPABILITIES", CAPS)
 
 
 class FakeTransform:
@@ -52,7 +59,7 @@ class FakeTransform:
 
 
 class FakeModel(OptimizableModelMixin):
-    model_type = "vits"
+    model_type = FAKE.model_type
 
     def __init__(self, failures=None, loaded=True):
         self.device, self.dtype = "cpu", torch.float32
@@ -194,7 +201,7 @@ def test_result_manifest_joins_plan_and_applied_and_round_trips():
     result = model.optimize(TTSOptimizationConfig(attn_implementation="sdpa"))
     data = json.loads(result.manifest())
     assert data["schema"] == "voicehub.optimization.result/1"
-    assert data["plan"]["target"]["model_type"] == "vits"
+    assert data["plan"]["target"]["model_type"] == FAKE.model_type
     assert data["plan"]["context"] == {
         "mode": "inference", "device": "cpu", "dtype": "float32", "gpu_arch": None, "cuda_graph_preset": None,
     }  # fmt: skip

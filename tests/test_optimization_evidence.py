@@ -179,8 +179,7 @@ def test_auto_respects_a_newer_rejection(tmp_path):
     assert d.is_native and "rejected by" in d.reason
 
 
-# A test-local family with an implemented approximate technique (gpt-sovits-v3 declares
-# cfm_short_schedule but has not implemented it yet, so auto skips it whatever the evidence says).
+# A test-local family with one implemented approximate technique and nothing else.
 FAKE = FamilyCapabilities(
     model_type="fake-tts",
     techniques=(
@@ -207,13 +206,20 @@ def test_approximate_technique_needs_a_real_checkpoint_quality_run(tmp_path):
 
 
 def test_validated_evidence_does_not_select_a_not_implemented_technique(tmp_path):
-    store = write(tmp_path, quality())  # gpt-sovits-v3, cfm_short_schedule, validated
-    d = (
-        TTSOptimizationConfig()
-        .resolve("gpt-sovits-v3", context=H200, evidence=store)
-        .decision("diffusion_sampling")
-    )
-    assert d.is_native and d.reason == "stays native: cfm_short_schedule: not implemented yet"
+    store = write(tmp_path, exactness(feature="kernels", technique="torch"))  # vits: declared, not built
+    d = TTSOptimizationConfig().resolve("vits", context=H200, evidence=store).decision("kernels")
+    assert d.is_native and "torch: not implemented yet" in d.reason
+
+
+def test_gpt_sovits_cfm_schedule_turns_on_only_with_real_checkpoint_quality_evidence(tmp_path):
+    d = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200, evidence=EvidenceStore())
+    sampling = d.decision("diffusion_sampling")
+    assert sampling.is_native and "approximate" in sampling.reason and "real checkpoint" in sampling.reason
+    store = write(tmp_path, quality())  # gpt-sovits-v3, cfm_short_schedule, real checkpoint, accepted
+    d = TTSOptimizationConfig().resolve("gpt-sovits-v3", context=H200, evidence=store)
+    sampling = d.decision("diffusion_sampling")
+    assert sampling.selected == "cfm_short_schedule" and sampling.kind == "approximate"
+    assert sampling.evidence["kind"] == "quality" and d.decision("diffusion_cache").is_native
 
 
 def test_a_bad_file_in_the_folder_stops_loading(tmp_path):

@@ -25,6 +25,7 @@ from voicehub.optimization.config import (
 )
 from voicehub.optimization.errors import (
     EvidenceError,
+    OptimizationCompileError,
     OptimizationDependencyError,
     OptimizationError,
     OptimizationNotImplementedError,
@@ -56,6 +57,7 @@ __all__ = [
     "Optimizable",
     "OptimizableModelMixin",
     "OptimizationContext",
+    "OptimizationCompileError",
     "OptimizationDependencyError",
     "OptimizationError",
     "OptimizationNotImplementedError",

@@ -62,12 +62,19 @@ class Optimizable(Protocol):
 
 @dataclass(frozen=True)
 class AppliedTransform:
+    """What was applied; `details` (only where the transform reports any) says how, e.g. the
+    compiled modules and backend, or the steps a schedule takes."""
+
     name: str
     feature: str
     technique: str
+    details: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "feature": self.feature, "technique": self.technique}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "feature": self.feature, "technique": self.technique}
+        if self.details:
+            d["details"] = self.details
+        return d
 
 
 @dataclass(frozen=True)
@@ -182,9 +189,11 @@ def optimize(
     except BaseException as exc:  # roll back on anything, including KeyboardInterrupt, then re-raise it
         _rollback(undos, exc)
         raise
-    result = OptimizationResult(
-        plan, tuple(AppliedTransform(t.name, str(t.feature), t.technique) for t in transforms)
+    applied = tuple(
+        AppliedTransform(t.name, str(t.feature), t.technique, dict(getattr(t, "details", None) or {}) or None)
+        for t in transforms
     )
+    result = OptimizationResult(plan, applied)
     setattr(model, STATE_ATTR, _Active(result, tuple(undos)))
     return result
 

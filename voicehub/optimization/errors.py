@@ -25,6 +25,10 @@ class OptimizationDependencyError(OptimizationUnsupportedError, MissingDependenc
     """An explicitly requested technique needs a package that is missing or cannot be imported."""
 
 
+class OptimizationCompileError(OptimizationError, RuntimeError):
+    """torch.compile failed while an explicit compile request was applied; the model was rolled back."""
+
+
 class OptimizationStateError(OptimizationError, RuntimeError):
     """optimize() on a model already optimized, or restore() on one that is not."""
 
@@ -40,6 +44,7 @@ class EvidenceError(OptimizationError, ValueError):
 __all__ = [
     "EvidenceError",
     "MissingDependencyError",
+    "OptimizationCompileError",
     "OptimizationDependencyError",
     "OptimizationError",
     "OptimizationNotImplementedError",

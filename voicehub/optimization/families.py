@@ -114,49 +114,62 @@ GPT_SOVITS_V3 = FamilyCapabilities(
             TechniqueKind.EXACT,
             "portable PyTorch versions of the fused ops (BigVGAN anti-aliased Snake, polyphase)",
         ),
-        replace(_COMPILE, summary=f"[{_NOT_YET}] " + _COMPILE.summary, not_implemented=_NOT_YET),
+        replace(_COMPILE, summary="torch.compile of the CFM's DiT estimator and of BigVGAN"),
         Technique(
             Feature.DIFFUSION_SAMPLING,
             "cfm_short_schedule",
             TechniqueKind.APPROXIMATE,
-            f"[{_NOT_YET}] fewer CFM steps on a schedule chosen for few-step sampling",
-            not_implemented=_NOT_YET,
+            "fewer CFM steps on a dyadic schedule (the requested finest step, then doubling steps, "
+            "as the v3 shortcut model was trained): 4 requested steps take 3, 8 take 4, 16 take 5",
         ),
         Technique(
             Feature.DIFFUSION_CACHE,
             "dit_step_cache",
             TechniqueKind.APPROXIMATE,
-            f"[{_NOT_YET}] reuse DiT block outputs across neighbouring CFM steps",
-            not_implemented=_NOT_YET,
+            "reuse the second half of the DiT blocks' residual on every other CFM step",
         ),
     ),
     notes=(
-        "implemented: kernels=triton and kernels=torch; the other techniques are declared but not "
+        "implemented: kernels=triton and kernels=torch, compile, diffusion_sampling=cfm_short_schedule "
+        "and diffusion_cache=dit_step_cache; attention sdpa and flash_attention_4 are declared but not "
         "implemented yet: an explicit request for one raises OptimizationNotImplementedError when the "
         "plan is resolved, and auto skips them",
         "cuda_extension: no compiled CUDA extension is shipped for this family yet",
         "diffusion_sampling and diffusion_cache are approximate: auto keeps them off until a "
-        "fixed-seed comparison on a real checkpoint passes the quality gate",
+        "fixed-seed comparison on a real checkpoint passes the quality gate (none has been available: "
+        "the project's v3 checkpoints are random weights)",
         "CUDA-graph presets (full, minimal, lazy, off) are engine configuration given at load",
     ),
 )
 
+_VITS_NOT_YET = "not implemented yet for vits"
+
 VITS = FamilyCapabilities(
     model_type="vits",
     techniques=(
-        _SDPA,
+        replace(
+            _SDPA,
+            summary="the text encoder's relative-position attention through a fused SDPA kernel "
+            "(relative keys as the score bias; relative values from the windowed weights and the "
+            "kernel's log-sum-exp)",
+        ),
         Technique(
             Feature.KERNELS,
             "triton",
             TechniqueKind.EXACT,
-            "Triton kernels for the decoder (HiFi-GAN) activations and residual blocks",
+            f"[{_VITS_NOT_YET}] Triton kernels for the decoder (HiFi-GAN) activations and residual blocks",
             devices=CUDA_ONLY,
             distribution="triton",
+            not_implemented=_VITS_NOT_YET,
         ),
         Technique(
-            Feature.KERNELS, "torch", TechniqueKind.EXACT, "portable PyTorch versions of the fused ops"
+            Feature.KERNELS,
+            "torch",
+            TechniqueKind.EXACT,
+            f"[{_VITS_NOT_YET}] portable PyTorch versions of the fused ops",
+            not_implemented=_VITS_NOT_YET,
         ),
-        _COMPILE,
+        replace(_COMPILE, summary="torch.compile of the HiFi-GAN decoder and the prior flow"),
     ),
     notes=(
         "flash_attention_4: VITS attention adds relative-position logits, which FlashAttention 4 does not take",

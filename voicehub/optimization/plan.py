@@ -28,7 +28,7 @@ from voicehub.optimization.errors import (
     TrainingModeUnsupportedError,
 )
 from voicehub.optimization.evidence import EvidenceStore
-from voicehub.optimization.families import FAMILY_CAPABILITIES, FamilyCapabilities, Technique
+from voicehub.optimization.families import FAMILY_CAPABILITIES, FamilyCapabilities, Technique, TechniqueKind
 
 PLAN_SCHEMA = "voicehub.optimization.plan/1"
 AUTO, REQUIRED = "auto", Toggle.REQUIRED.value
@@ -185,7 +185,13 @@ def _auto_skip_reason(
         return f"{tech.name}: GPU architecture unknown, so no evidence applies (pass gpu_arch)", None
     ev = store.find(caps.model_type, tech.feature, tech.name, ctx.dtype, ctx.platform)
     if ev is None:
-        return f"{tech.name}: no evidence for {caps.model_type}, {ctx.dtype}, {ctx.platform}", None
+        where = f"{caps.model_type}, {ctx.dtype}, {ctx.platform}"
+        if tech.kind is TechniqueKind.APPROXIMATE:
+            return (
+                f"{tech.name}: no evidence for {where}; it is approximate, so auto enables it only after a "
+                "fixed-seed comparison on a real checkpoint passes the quality gate"
+            ), None
+        return f"{tech.name}: no evidence for {where}", None
     if not ev.is_validated:
         return f"{tech.name}: rejected by {ev.source}", None
     if not ev.can_validate(tech.kind):

@@ -6,9 +6,10 @@ decoder's step attention and post-norm residual + LayerNorm through the registry
 and ADD_LAYER_NORM (`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and
 with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
 code never picks a kernel: it calls whatever function its instance holds.
-Techniques that the family's capability record declares but that have no transform yet get a
-placeholder whose `validate()` raises `OptimizationNotImplementedError` (a second guard: resolution
-already refuses an explicit request for one, and `auto` skips them).
+The CFM schedule and step cache and compile are in techniques.py. Techniques that the family's
+capability record declares but that have no transform yet get a placeholder whose `validate()`
+raises `OptimizationNotImplementedError` (a second guard: resolution already refuses an explicit
+request for one, and `auto` skips them).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
+from voicehub.models.gpt_sovits.techniques import technique_transforms
 from voicehub.optimization.config import KernelBackend
 from voicehub.optimization.errors import OptimizationNotImplementedError, OptimizationUnsupportedError
-from voicehub.optimization.families import FAMILY_CAPABILITIES, Technique
+from voicehub.optimization.families import FAMILY_CAPABILITIES
+from voicehub.optimization.transforms import NotImplementedTransform
 from voicehub.runtime.kernels import registry
 
 if TYPE_CHECKING:
@@ -83,41 +86,13 @@ class KernelBackendTransform:
         return undo
 
 
-@dataclass(frozen=True)
-class NotImplementedTransform:
-    """The placeholder of a declared technique without a transform: validate() says so."""
-
-    model_type: str
-    tech: Technique
-
-    @property
-    def name(self) -> str:
-        return f"gpt_sovits.{self.tech.feature}.{self.tech.name}"
-
-    @property
-    def feature(self) -> str:
-        return str(self.tech.feature)
-
-    @property
-    def technique(self) -> str:
-        return self.tech.name
-
-    def validate(self) -> None:
-        raise OptimizationNotImplementedError(
-            f"{self.model_type}: {self.tech.feature}={self.tech.name!r} is {self.tech.not_implemented}; "
-            f"leave {self.tech.feature} at its native/disabled value"
-        )
-
-    def apply(self) -> Undo:  # never reached: optimize() validates every transform first
-        self.validate()
-        raise AssertionError("unreachable")
-
-
 def gpt_sovits_transforms(model: GptSovitsModel) -> list:
-    """Every transform the model offers: kernel backends, plus a placeholder per declared-only technique."""
+    """Every transform the model offers: kernel backends, the CFM techniques and compile
+    (techniques.py), plus a placeholder per declared-only technique."""
     caps = FAMILY_CAPABILITIES[model.model_type]
     transforms: list = [KernelBackendTransform(model, b) for b in KERNEL_BACKENDS]
-    transforms += [NotImplementedTransform(model.model_type, t) for t in caps.not_implemented()]
+    transforms += technique_transforms(model)
+    transforms += [NotImplementedTransform("gpt_sovits", model.model_type, t) for t in caps.not_implemented()]
     return transforms
 
 

@@ -6,6 +6,9 @@ heads (so only the first head is rotated), with interleaved pairs, as x_transfor
 `apply_rotary_pos_emb` does on a [B, N, heads*dim_head] tensor; and the text/step embeddings
 do not change across solver steps, so they are computed once per solve.
 
+The solver's schedule and step cache (cfm/schedule.py) are held by the DiT instance and swapped
+only by optimization transforms (`set_schedule`, `set_step_cache`); the model code never picks one.
+
 A `mask` [B, N] (True on valid frames) lets rows of different lengths share a right-padded batch:
 attention ignores padded keys, and every layer that mixes frames (the depthwise and positional
 convolutions, GRN's norm over frames) sees zeros there, as the unpadded row sees its zero padding,
@@ -19,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from voicehub.models.gpt_sovits.cfm.schedule import BlockReuse, Schedule, StepCache, uniform_steps
 
 FREQ_EMBED_DIM = 256  # sinusoidal width of the step embeddings
 TEXT_MAX_POS = 4096  # positions precomputed for the text-side sinusoid (~44 s at 24 kHz)
@@ -240,6 +245,18 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(dim, heads, dim_head, ff_mult) for _ in range(depth))
         self.norm_out = AdaLayerNormZero(dim, 2)
         self.proj_out = nn.Linear(dim, mel_dim)
+        self.schedule: Schedule = uniform_steps
+        self.step_cache: StepCache | None = None
+
+    def set_schedule(self, schedule: Schedule) -> Schedule:
+        """The solver's step sizes from now on; returns the previous schedule."""
+        previous, self.schedule = self.schedule, schedule
+        return previous
+
+    def set_step_cache(self, cache: StepCache | None) -> StepCache | None:
+        """Reuse deep-block work across steps (None: never); returns the previous setting."""
+        previous, self.step_cache = self.step_cache, cache
+        return previous
 
     def condition(
         self, mu: torch.Tensor, d: torch.Tensor, mask: torch.Tensor | None = None
@@ -248,16 +265,33 @@ class DiT(nn.Module):
         # mu: [B, N, text_dim], d: [B] solver step size, mask: [B, N] valid frames or None
         return self.text_embed(mu, mask), self.d_embed(d)
 
-    def forward(self, x, cond, text_emb, t, d_emb, mask=None):
+    def forward(self, x, cond, text_emb, t, d_emb, mask=None, reuse: BlockReuse | None = None):
         # x, cond: [B, N, mel] noisy mel and prompt mel, text_emb: [B, N, text_dim], t: [B], d_emb: [B, dim]
         temb = self.time_embed(t) + d_emb
         h = self.input_embed(x, cond, text_emb, mask)
         rope = self.rotary_embed(x.shape[1])
-        for block in self.transformer_blocks:
-            h = block(h, temb, rope, mask)
+        h = self.run_blocks(h, temb, rope, mask, reuse)
         scale, shift = self.norm_out(temb)
         h = F.layer_norm(h, (h.shape[-1],), eps=1e-6) * (1 + scale) + shift
         return self.proj_out(h)
+
+    def run_blocks(self, h, temb, rope, mask=None, reuse: BlockReuse | None = None) -> torch.Tensor:
+        """The transformer stack; with `reuse`, blocks[reuse.start:] run or are stood in for (see StepCache)."""
+        # h: [B, N, dim]
+        blocks = self.transformer_blocks
+        start = len(blocks) if reuse is None else reuse.start
+        for block in blocks[:start]:
+            h = block(h, temb, rope, mask)
+        if reuse is None:
+            return h
+        if reuse.is_reusing:
+            assert reuse.residual is not None, "a step cache reuses only after a refresh step"
+            return h + reuse.residual
+        deep_in = h
+        for block in blocks[start:]:
+            h = block(h, temb, rope, mask)
+        reuse.residual = h - deep_in
+        return h
 
 
 class CFM(nn.Module):

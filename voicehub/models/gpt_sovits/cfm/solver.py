@@ -1,9 +1,11 @@
 """Fixed-step Euler solver of the v3 flow matching, as free functions.
 
 `euler_step` is the unit a runtime can graph-capture: tensors in, tensor out, no Python branch
-on tensor values. `solve` is the eager loop upstream's `CFM.inference` runs (classifier-free
+on tensor values. `solve` is the loop upstream's `CFM.inference` runs (classifier-free
 guidance off, as every v3 inference path calls it): the prompt frames are zero in x before the
-first step and after every step, and the text and step-size embeddings are computed once.
+first step and after every step, the text embedding is computed once and the step-size
+embedding once per distinct step size. The step sizes come from the estimator's schedule
+(cfm/schedule.py): upstream's equal steps unless an optimization changed it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from voicehub.models.gpt_sovits.cfm.dit import DiT
+from voicehub.models.gpt_sovits.cfm.schedule import BlockReuse
 
 
 def euler_step(
@@ -23,14 +26,16 @@ def euler_step(
     dt: torch.Tensor,
     keep: torch.Tensor,
     mask: torch.Tensor | None = None,
+    reuse: BlockReuse | None = None,
 ) -> torch.Tensor:
     """One step x <- (x + dt * v(x, t)) * keep.
 
     x, prompt_x: [B, mel, N]; text_emb: [B, N, text_dim]; d_emb: [B, dim]; t: [B] current time;
     dt: [] or [B, 1, 1] step size; keep: [1 or B, 1, N], 0 on prompt frames and 1 elsewhere;
-    mask: [B, N] valid frames or None when all are. Returns the new x [B, mel, N].
+    mask: [B, N] valid frames or None when all are; reuse: the solve's step-cache state or None.
+    Returns the new x [B, mel, N].
     """
-    v = estimator(x.transpose(1, 2), prompt_x.transpose(1, 2), text_emb, t, d_emb, mask)
+    v = estimator(x.transpose(1, 2), prompt_x.transpose(1, 2), text_emb, t, d_emb, mask, reuse)
     return (x + dt * v.transpose(1, 2)) * keep
 
 
@@ -42,11 +47,13 @@ def solve(
     n_steps: int,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Integrate from noise at t=0 to a normalised mel at t=1 in `n_steps` equal steps.
+    """Integrate from noise at t=0 to a normalised mel at t=1 on the estimator's schedule.
 
     mu: [B, N, text_dim] condition features; prompt: [B, mel, P] normalised prompt mel that
     occupies the first P frames; noise: [B, mel, N] standard normal (times the temperature).
-    Returns [B, mel, N]; its first P frames are zero (callers drop them).
+    `n_steps` is the requested count: `estimator.schedule` (uniform unless an optimization changed
+    it) turns it into the step sizes, and `estimator.step_cache` (None unless an optimization set
+    it) says which steps reuse deep-block work. Returns [B, mel, N]; its first P frames are zero.
     """
     if n_steps < 1:
         raise ValueError(f"sample_steps must be >= 1, got {n_steps}")
@@ -58,14 +65,28 @@ def solve(
     prompt_x[..., :p] = prompt[..., :p]
     keep = torch.ones(1, 1, n, device=x.device, dtype=x.dtype)
     keep[..., :p] = 0
-    d = 1 / n_steps
-    d_tensor = torch.full((b,), d, device=x.device, dtype=mu.dtype)
-    text_emb, d_emb = estimator.condition(mu, d_tensor)
-    dt = torch.full((), d, device=x.device, dtype=x.dtype)  # a fill, not a host copy: capturable
+    steps = estimator.schedule(n_steps)
+    text_emb, by_size = _step_embeddings(estimator, mu, steps, b)
+    cache = estimator.step_cache
+    reuse = BlockReuse(cache.start_block(len(estimator.transformer_blocks))) if cache is not None else None
+    reuses = cache.reuses(len(steps)) if cache is not None else (False,) * len(steps)
     t = 0.0
-    for _ in range(n_steps):
+    for d, is_reusing in zip(steps, reuses, strict=True):
         # t accumulates as a Python float, like upstream, so step times match bit for bit.
         t_tensor = torch.full((b,), t, device=x.device, dtype=mu.dtype)
-        x = euler_step(estimator, x, prompt_x, text_emb, d_emb, t_tensor, dt, keep, mask)
+        dt = torch.full((), d, device=x.device, dtype=x.dtype)  # a fill, not a host copy: capturable
+        if reuse is not None:
+            reuse.is_reusing = is_reusing
+        x = euler_step(estimator, x, prompt_x, text_emb, by_size[d], t_tensor, dt, keep, mask, reuse)
         t = t + d
     return x
+
+
+def _step_embeddings(
+    estimator: DiT, mu: torch.Tensor, steps: tuple[float, ...], b: int
+) -> tuple[torch.Tensor, dict[float, torch.Tensor]]:
+    """The text embedding [B, N, text_dim] and one step-size embedding [B, dim] per distinct size."""
+    sizes = list(dict.fromkeys(steps))
+    fill = lambda d: torch.full((b,), d, device=mu.device, dtype=mu.dtype)  # noqa: E731
+    text_emb, first = estimator.condition(mu, fill(sizes[0]))
+    return text_emb, {sizes[0]: first} | {d: estimator.d_embed(fill(d)) for d in sizes[1:]}

@@ -1,0 +1,225 @@
+"""GPT-SoVITS v3's CFM short schedule, DiT step cache and compile through optimize() (tiny set, CPU).
+
+The approximate techniques must change the audio measurably but within the difference that
+doubling the uniform step count makes; restore must give the native audio bit for bit; the
+manifest must say what was applied and that it is approximate. compile runs the 'aot_eager'
+backend here (inductor needs ~30 s per compile on this CPU; the GPU evidence run uses inductor).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+
+from voicehub.models.gpt_sovits import Voice, load, techniques
+from voicehub.models.gpt_sovits.cfm.schedule import StepCache, dyadic_steps, uniform_steps
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.optimization import (
+    EvidenceStore,
+    OptimizationCompileError,
+    OptimizationContext,
+    OptimizationUnsupportedError,
+    TTSOptimizationConfig,
+    apply_load_time_config,
+)
+from voicehub.runtime.compile import compile_unavailable, is_compiled
+from voicehub.text.options import Language
+
+STEPS = 8  # requested CFM steps: the dyadic schedule takes 4
+
+
+@pytest.fixture(scope="module")
+def model(tiny_set):  # noqa: F811
+    return load(tiny_set)
+
+
+@pytest.fixture(scope="module")
+def voice(reference_wav):  # noqa: F811
+    return Voice(reference_wav, REFERENCE_TEXT, "en")
+
+
+def _audio(model, voice, steps: int = STEPS) -> np.ndarray:
+    pipe = model.pipeline
+    sentence = pipe.text_features("A short test sentence.", Language.EN)
+    params = GptSovitsParams.build(None, speed=1.0, force_n_tokens=8, sample_steps=steps)
+    return pipe.synthesize_sentence(pipe.reference(voice), sentence, params, seed=1).audio
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _count_calls(module, counts: list[int]):
+    return module.register_forward_hook(lambda *_: counts.append(1))
+
+
+def test_dyadic_schedule_takes_fewer_steps_and_reaches_one():
+    assert dyadic_steps(4) == (0.25, 0.25, 0.5)
+    assert [len(dyadic_steps(n)) for n in (1, 2, 3, 4, 8, 16, 32)] == [1, 2, 3, 3, 4, 5, 6]
+    for n in range(1, 40):
+        steps = dyadic_steps(n)
+        assert abs(sum(steps) - 1) < 1e-9 and steps[0] == 1 / n and len(steps) <= n
+    assert uniform_steps(4) == (0.25,) * 4
+
+
+def test_step_cache_settings_are_checked():
+    assert StepCache().reuses(5) == (False, True, False, True, False)
+    assert StepCache(start_fraction=0.5).start_block(22) == 11 and StepCache().start_block(2) == 1
+    with pytest.raises(ValueError, match="interval"):
+        StepCache(interval=0)
+    with pytest.raises(ValueError, match="start_fraction"):
+        StepCache(start_fraction=1.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "technique"),
+    [
+        ({"diffusion_sampling": "required"}, "cfm_short_schedule"),
+        ({"diffusion_cache": "required"}, "dit_step_cache"),
+    ],
+)
+def test_approximate_technique_changes_audio_boundedly_and_restore_is_exact(model, voice, config, technique):
+    native = _audio(model, voice)
+    finer = _audio(model, voice, 2 * STEPS)  # how much the step count alone moves the audio
+    result = model.optimize(TTSOptimizationConfig(**config))
+    try:
+        manifest = json.loads(result.manifest())
+        optimized = _audio(model, voice)
+    finally:
+        model.restore_tts_optimization()
+    assert optimized.shape == native.shape and np.isfinite(optimized).all()
+    change = _rel(optimized, native)
+    assert 1e-4 < change < 2 * _rel(finer, native), (change, _rel(finer, native))
+    (applied,) = manifest["applied"]
+    assert applied["technique"] == technique and applied["details"]
+    decision = next(d for d in manifest["plan"]["decisions"] if d["selected"] == technique)
+    assert decision["kind"] == "approximate" and "approximate" in decision["reason"]
+    assert np.array_equal(_audio(model, voice), native)
+
+
+def test_short_schedule_calls_the_dit_fewer_times(model, voice):
+    est = model.pipeline.sovits.cfm.estimator
+    counts: list[int] = []
+    hook = _count_calls(est, counts)
+    try:
+        _audio(model, voice)
+        native_calls = len(counts)
+        model.optimize(TTSOptimizationConfig(diffusion_sampling="required"))
+        counts.clear()
+        _audio(model, voice)
+    finally:
+        hook.remove()
+        model.restore_tts_optimization()
+    n_chunks = native_calls // STEPS
+    assert native_calls == STEPS * n_chunks and len(counts) == len(dyadic_steps(STEPS)) * n_chunks
+
+
+def test_step_cache_skips_the_deep_blocks_on_reuse_steps(model, voice):
+    est = model.pipeline.sovits.cfm.estimator
+    first, last = [], []
+    hooks = [_count_calls(est.transformer_blocks[0], first), _count_calls(est.transformer_blocks[-1], last)]
+    try:
+        model.optimize(TTSOptimizationConfig(diffusion_cache="required"))
+        _audio(model, voice)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.restore_tts_optimization()
+    assert len(first) % STEPS == 0 and len(last) == len(first) // 2  # every other step refreshes
+
+
+def test_auto_keeps_the_approximate_techniques_off_and_says_why(model, voice):
+    native = _audio(model, voice)
+    result = model.optimize(TTSOptimizationConfig())
+    try:
+        skipped = {s["feature"]: s["reason"] for s in json.loads(result.manifest())["skipped"]}
+        assert np.array_equal(_audio(model, voice), native)
+    finally:
+        model.restore_tts_optimization()
+    for feature in ("diffusion_sampling", "diffusion_cache"):
+        assert "approximate" in skipped[feature] and "real checkpoint" in skipped[feature]
+    assert "no evidence" in skipped["compile"]
+
+
+def test_lazy_model_applies_the_schedule_when_its_weights_load(tiny_set):  # noqa: F811
+    lazy = load(tiny_set, lazy_load=True)
+    assert apply_load_time_config(lazy, TTSOptimizationConfig(diffusion_sampling="required")) is None
+    assert not lazy.is_runtime_loaded and lazy.optimization_result is None
+    assert lazy.pipeline.sovits.cfm.estimator.schedule is dyadic_steps
+    assert [a.technique for a in lazy.optimization_result.applied] == ["cfm_short_schedule"]
+    lazy.restore_tts_optimization()
+    assert lazy.pipeline.sovits.cfm.estimator.schedule is uniform_steps
+
+
+def test_compile_is_exact_within_tolerance_and_restores(model, voice, monkeypatch):
+    monkeypatch.setattr(techniques, "COMPILE_BACKEND", "aot_eager")
+    pipe = model.pipeline
+    native = _audio(model, voice)
+    result = model.optimize(TTSOptimizationConfig(compile="required"))
+    try:
+        assert is_compiled(pipe.sovits.cfm.estimator) and is_compiled(pipe.vocoder)
+        compiled = _audio(model, voice)
+        (applied,) = json.loads(result.manifest())["applied"]
+    finally:
+        model.restore_tts_optimization()
+    assert _rel(compiled, native) <= 1e-5  # fp32: aot_eager runs the same ops as eager
+    assert applied["details"] == {"backend": "aot_eager", "modules": ["cfm.estimator", "vocoder"]}
+    assert not is_compiled(pipe.sovits.cfm.estimator) and not is_compiled(pipe.vocoder)
+    assert np.array_equal(_audio(model, voice), native)
+
+
+def test_compile_with_the_step_cache_equals_the_step_cache_alone(model, voice, monkeypatch):
+    monkeypatch.setattr(techniques, "COMPILE_BACKEND", "aot_eager")
+    model.optimize(TTSOptimizationConfig(diffusion_cache="required"))
+    try:
+        cached = _audio(model, voice)
+    finally:
+        model.restore_tts_optimization()
+    model.optimize(TTSOptimizationConfig(diffusion_cache="required", compile="required"))
+    try:
+        both = _audio(model, voice)
+    finally:
+        model.restore_tts_optimization()
+    assert _rel(both, cached) <= 1e-5
+
+
+def test_a_compile_failure_raises_typed_and_rolls_back(model, monkeypatch):
+    def failing_backend(graph_module, example_inputs):
+        raise RuntimeError("this backend cannot compile anything")
+
+    monkeypatch.setattr(techniques, "COMPILE_BACKEND", failing_backend)
+    pipe = model.pipeline
+    config = TTSOptimizationConfig(diffusion_sampling="required", compile="required")
+    with pytest.raises(OptimizationCompileError, match="compile='disabled'") as info:
+        model.optimize(config)
+    assert "cannot compile anything" in repr(info.value.__cause__.__cause__ or info.value.__cause__)
+    assert model.optimization_result is None and not is_compiled(pipe.sovits.cfm.estimator)
+    assert pipe.sovits.cfm.estimator.schedule is uniform_steps  # the transform before it was undone
+
+
+def test_compile_that_cannot_run_raises_before_anything_changes(model, monkeypatch):
+    monkeypatch.setattr(techniques, "COMPILE_BACKEND", "no-such-backend")
+    with pytest.raises(OptimizationUnsupportedError, match="no backend 'no-such-backend'"):
+        model.optimize(TTSOptimizationConfig(diffusion_sampling="required", compile="required"))
+    assert model.optimization_result is None
+    assert model.pipeline.sovits.cfm.estimator.schedule is uniform_steps
+
+
+def test_inductor_needs_a_cpu_compiler(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert "C++ compiler" in compile_unavailable("inductor", "cpu")
+    assert compile_unavailable("aot_eager", "cpu") is None
+
+
+def test_compile_auto_stays_off_without_evidence():
+    ctx = OptimizationContext(device="cuda", dtype="float16", gpu_arch="sm_90")
+    d = (
+        TTSOptimizationConfig()
+        .resolve("gpt-sovits-v3", context=ctx, evidence=EvidenceStore())
+        .decision("compile")
+    )
+    assert d.is_native and "torch_compile" in d.reason

@@ -1,0 +1,139 @@
+"""GPT-SoVITS v3's CFM techniques and compile, as named reversible transforms.
+
+- diffusion_sampling=cfm_short_schedule (approximate): the CFM takes the dyadic schedule
+  (`cfm.schedule.dyadic_steps`: the requested finest step first, then steps that double, so
+  4 requested steps become 3, 8 become 4, 16 become 5).
+- diffusion_cache=dit_step_cache (approximate): every other CFM step reuses the residual that the
+  second half of the DiT blocks added on the step before (`cfm.schedule.StepCache`).
+- compile=torch_compile (exact within fp tolerance): torch.compile of the DiT estimator and BigVGAN,
+  each on its instance, compiled at apply time on a small input with shape-generic code.
+
+Each swaps what the DiT or vocoder instance holds and its undo puts the previous value back, so a
+restore gives bit-identical output. Validation reads no weights; apply reads them if the model
+was loaded lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from voicehub.models.gpt_sovits.cfm.schedule import StepCache, dyadic_steps, uniform_steps
+from voicehub.optimization.config import Feature
+from voicehub.optimization.errors import OptimizationStateError
+from voicehub.optimization.transforms import CompileTarget, CompileTransform
+from voicehub.runtime.compile import DEFAULT_BACKEND
+
+if TYPE_CHECKING:
+    from voicehub.models.gpt_sovits.cfm.dit import DiT
+    from voicehub.models.gpt_sovits.model import GptSovitsModel
+
+Undo = Callable[[], None]
+PREFIX = "gpt_sovits"
+STEP_CACHE = StepCache(interval=2, start_fraction=0.5)
+COMPILE_BACKEND = DEFAULT_BACKEND  # tests set 'aot_eager': inductor takes ~30 s per compile on a small CPU
+WARMUP_FRAMES = 16  # mel frames of the compile warm-up input (the code compiled is shape-generic)
+
+
+def _estimator(model: GptSovitsModel) -> DiT:
+    return model.pipeline.sovits.cfm.estimator
+
+
+@dataclass
+class ShortScheduleTransform:
+    """diffusion_sampling=cfm_short_schedule: fewer CFM steps on the dyadic schedule."""
+
+    model: GptSovitsModel
+    feature: str = str(Feature.DIFFUSION_SAMPLING)
+    technique: str = "cfm_short_schedule"
+    details: dict[str, Any] = field(
+        default_factory=lambda: {
+            "schedule": "dyadic",
+            "steps_taken": {str(n): len(dyadic_steps(n)) for n in (4, 8, 16, 32)},
+        }
+    )
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}.{self.feature}.{self.technique}"
+
+    def validate(self) -> None:
+        """Nothing to check: it runs wherever the CFM runs (no weights are read here)."""
+
+    def apply(self) -> Undo:
+        est = _estimator(self.model)
+        if est.schedule is not uniform_steps:
+            raise OptimizationStateError(
+                "the CFM schedule was changed outside the optimization layer; reload the model"
+            )
+        previous = est.set_schedule(dyadic_steps)
+        return lambda: est.set_schedule(previous)
+
+
+@dataclass
+class StepCacheTransform:
+    """diffusion_cache=dit_step_cache: deep DiT blocks reused on every other CFM step."""
+
+    model: GptSovitsModel
+    cache: StepCache = STEP_CACHE
+    feature: str = str(Feature.DIFFUSION_CACHE)
+    technique: str = "dit_step_cache"
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}.{self.feature}.{self.technique}"
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return {"interval": self.cache.interval, "start_fraction": self.cache.start_fraction}
+
+    def validate(self) -> None:
+        """Nothing to check: it runs wherever the CFM runs (no weights are read here)."""
+
+    def apply(self) -> Undo:
+        est = _estimator(self.model)
+        if est.step_cache is not None:
+            raise OptimizationStateError(
+                "the DiT already has a step cache set outside the optimization layer"
+            )
+        previous = est.set_step_cache(self.cache)
+        return lambda: est.set_step_cache(previous)
+
+
+def compile_targets(model: GptSovitsModel) -> list[CompileTarget]:
+    """The DiT estimator (one call per CFM step) and BigVGAN, each with a small warm-up input."""
+    pipe = model.pipeline
+    est, vocoder = pipe.sovits.cfm.estimator, pipe.vocoder
+    dev, dtype = model.device, model.dtype
+    mel_dim, dim = est.proj_out.out_features, est.proj_out.in_features
+    text_dim = est.input_embed.proj.in_features - 2 * mel_dim  # proj reads [x, prompt, text]
+
+    @torch.inference_mode()  # the pipeline's mode: compiled code is guarded on it
+    def dit_warmup() -> None:
+        # The solver's inputs are channel-first tensors transposed ([B, C, N] -> [B, N, C]): the same
+        # strides here, so the compiled code's guards hold for real calls and nothing recompiles.
+        x = torch.zeros(1, mel_dim, WARMUP_FRAMES, device=dev, dtype=dtype).transpose(1, 2)
+        text = torch.zeros(1, text_dim, WARMUP_FRAMES, device=dev, dtype=dtype).transpose(1, 2)
+        t, d_emb = torch.zeros(1, device=dev, dtype=dtype), torch.zeros(1, dim, device=dev, dtype=dtype)
+        est(x, torch.zeros_like(x), text, t, d_emb)  # two tensors: guards also check aliasing
+
+    @torch.inference_mode()
+    def vocoder_warmup() -> None:
+        vocoder(torch.zeros(1, vocoder.conf.num_mels, WARMUP_FRAMES, device=dev, dtype=dtype))
+
+    return [
+        CompileTarget("cfm.estimator", est, dit_warmup),
+        CompileTarget("vocoder", vocoder, vocoder_warmup),
+    ]
+
+
+def compile_transform(model: GptSovitsModel) -> CompileTransform:
+    return CompileTransform(PREFIX, model.device.type, lambda: compile_targets(model), COMPILE_BACKEND)
+
+
+def technique_transforms(model: GptSovitsModel) -> list:
+    """This module's transforms for `model` (optimization.gpt_sovits_transforms adds the kernels)."""
+    return [ShortScheduleTransform(model), StepCacheTransform(model), compile_transform(model)]
