@@ -1,0 +1,240 @@
+"""One T2S decode step's layer stack per block-size config: the fused Triton op in CUDA graphs.
+
+For each config (the shape's table entry, then one field changed at a time) it checks the fused
+stack (`t2s_layer_stack`, every layer and the head) against the torch definition (rel. L2), then
+times a CUDA graph of one call: microseconds per step and the tokens/s that bounds a decode at
+(the rest of the step, embedding and sampling, not included). The breakdown times graphs of the
+first kernels of every layer (qkv; qkv + attention; qkv + attention + ffn; the whole op) so the
+differences give each kernel's share. The torch definition in a graph is the baseline. Random
+full-size weights, one KV length per row, the bucket above it. Prints a table; writes JSON to --out.
+
+    python benchmarks/t2s_layer_bench.py --out results/t2s_layer_h200.json
+    python benchmarks/t2s_layer_bench.py --size tiny --device cpu --rows 1,3 --length 40 --n-slots 64 \
+        --max-slots 96  # smoke test (interpreted, no graphs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from voicehub.runtime.kernels import t2s_layer as ref
+
+SIZES = {  # n_layer, dim, n_head, ffn_dim, vocab
+    "full": (24, 512, 16, 2048, 1025),
+    "tiny": (2, 64, 4, 256, 1025),
+}
+SWEEP = (  # one field at a time around the table's entry
+    {"qkv_block": 8},
+    {"qkv_block": 32},
+    {"attn_block": 32},
+    {"attn_block": 128},
+    {"attn_block": 256},
+    {"ffn_block": 8},
+    {"ffn_block": 32},
+    {"head_block": 4},
+    {"head_block": 16},
+    {"qkv_warps": 2},
+    {"qkv_warps": 8},
+    {"attn_warps": 2},
+    {"attn_warps": 8},
+    {"ffn_warps": 8},
+)
+
+
+def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: torch.dtype, device: str):
+    n_layer, dim, n_head, ffn_dim, vocab = SIZES[size]
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, scale=1.0, mean=0.0):
+        return (mean + scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
+
+    layers = tuple(
+        ref.LayerWeights(
+            r(3 * dim, dim, scale=dim**-0.5), r(3 * dim, scale=0.02), r(dim, dim, scale=dim**-0.5),
+            r(dim, scale=0.02), r(dim, scale=0.1, mean=1.0), r(dim, scale=0.1), r(ffn_dim, dim, scale=dim**-0.5),
+            r(ffn_dim, scale=0.02), r(dim, ffn_dim, scale=ffn_dim**-0.5), r(dim, scale=0.02),
+            r(dim, scale=0.1, mean=1.0), r(dim, scale=0.1),
+        )
+        for _ in range(n_layer)
+    )  # fmt: skip
+    weights = ref.StackWeights(layers, r(vocab, dim, scale=4 / dim**0.5), n_head, 1e-5)
+    cache_shape = (n_layer, n_rows, n_head, max_slots, dim // n_head)
+    k, v = r(*cache_shape), r(*cache_shape)
+    lengths = torch.full((n_rows,), length, device=device)
+    return r(n_rows, dim), weights, k, v, lengths
+
+
+def time_us(fn: Callable[[], object], on_gpu: bool, replays: int) -> float:
+    """Median µs of one call: replays of a CUDA graph of it on the GPU, eager calls on the CPU."""
+    if not on_gpu:
+        times = []
+        for _ in range(max(1, replays)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compile and warm up outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    per_batch = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        per_batch.append(start.elapsed_time(end) * 1e3 / replays)
+    return statistics.median(per_batch)
+
+
+def stage_prefixes(tk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Callable[[], object]]:
+    """Callables running, for every layer, the first 1, 2 or 3 kernels (and the whole op)."""
+    s = tk.Scratch.allocate(x, w.n_head, k.shape[3], cfg)
+    s.x_ffn.zero_()  # read by the next layer's qkv where a prefix stops before the ffn kernel
+    logits = torch.empty(x.shape[0], w.head_weight.shape[0], device=x.device, dtype=x.dtype)
+
+    def run(n_kernels: int) -> None:
+        x_in, prev = x, None
+        for i, layer in enumerate(w.layers):
+            tk.qkv_stage(s, x_in, prev, layer, k[i], v[i], lengths, w.eps, cfg)
+            if n_kernels > 1:
+                tk.attention_stage(s, layer.out_weight, k[i], v[i], lengths, n_slots, cfg)
+            if n_kernels > 2:
+                tk.ffn_stage(s, layer, w.eps, cfg)
+            x_in, prev = s.x_ffn, layer
+        if n_kernels > 3:
+            tk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)
+
+    return {name: (lambda n=n: run(n)) for n, name in enumerate(("qkv", "+attention", "+ffn", "+head"), 1)}
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm())
+
+
+def bench_config(tk, inputs, n_slots, cfg, on_gpu, replays, breakdown: bool) -> dict:
+    x, w, k, v, lengths = inputs
+    row = {"config": dataclasses.asdict(cfg)}
+    try:
+        want = ref.decode_stack_reference(x.float(), _float(w), k.float(), v.float(), lengths, n_slots)
+        row["rel_l2"] = rel_l2(tk.decode_stack_triton(x, w, k, v, lengths, n_slots, config=cfg), want)
+        row["step_us"] = time_us(lambda: tk.decode_stack_triton(x, w, k, v, lengths, n_slots, config=cfg),
+                                 on_gpu, replays)  # fmt: skip
+        if breakdown:
+            prefixes = stage_prefixes(tk, x, w, k, v, lengths, n_slots, cfg)
+            row["prefix_us"] = {name: time_us(fn, on_gpu, replays) for name, fn in prefixes.items()}
+    except Exception as exc:  # a config that fails to compile or run is reported, the sweep goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+def _float(w: ref.StackWeights) -> ref.StackWeights:
+    layers = tuple(ref.LayerWeights(*(t.float() for t in layer)) for layer in w.layers)
+    return ref.StackWeights(layers, w.head_weight.float(), w.n_head, w.eps)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", default="full", choices=list(SIZES))
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (interpreted)")
+    p.add_argument("--rows", default="1,64", help="batch sizes; the sweep runs at the first")
+    p.add_argument("--length", type=int, default=730, help="cached slots per row (230 prompt + 500 tokens)")
+    p.add_argument("--n-slots", type=int, default=768, help="the KV bucket")
+    p.add_argument("--max-slots", type=int, default=1024, help="cache size")
+    p.add_argument("--replays", type=int, default=100)
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    on_gpu = args.device == "cuda"
+    if not on_gpu:  # read when triton is first imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.replays = 1
+    from voicehub.runtime.kernels import t2s_layer_triton as tk
+
+    dtype = getattr(torch, args.dtype)
+    n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
+    base = tk.config_for(dim, ffn_dim, n_head, vocab)
+    n_rows = [int(n) for n in args.rows.split(",")]
+    results = []
+    for i, rows in enumerate(n_rows):
+        inputs = random_inputs(args.size, rows, args.length, args.max_slots, dtype, args.device)
+        configs = [base] + ([] if i or args.no_sweep else [dataclasses.replace(base, **c) for c in SWEEP])
+        torch_us = time_us(
+            lambda inputs=inputs: ref.decode_stack_reference(*inputs, args.n_slots), on_gpu, args.replays
+        )
+        results.append({"rows": rows, "path": "torch_definition", "step_us": torch_us})
+        for j, cfg in enumerate(configs):
+            row = bench_config(tk, inputs, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
+            results.append({"rows": rows, "path": "fused" if j == 0 else "fused_sweep", **row})
+    print_table(results, base, n_layer)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"results": results, "meta": meta(args)}, indent=1))
+
+
+def print_table(results: list[dict], base, n_layer: int) -> None:
+    print(f"{'rows':>4} {'path':17} {'changed':22} {'us/step':>8} {'tok/s bound':>11} {'rel_l2':>8}")
+    for r in results:
+        changed = ", ".join(f"{k}={v}" for k, v in r.get("config", {}).items() if getattr(base, k) != v)
+        if "error" in r:
+            print(f"{r['rows']:4} {r['path']:17} {changed:22} ERROR {r['error'][:80]}")
+            continue
+        tok_s = r["rows"] * 1e6 / r["step_us"]
+        rel = f"{r['rel_l2']:8.1e}" if "rel_l2" in r else ""
+        print(f"{r['rows']:4} {r['path']:17} {changed:22} {r['step_us']:8.1f} {tok_s:11.0f} {rel:>8}")
+        if "prefix_us" in r:
+            pre = r["prefix_us"]
+            parts = [("qkv", pre["qkv"]), ("attention", pre["+attention"] - pre["qkv"]),
+                     ("ffn", pre["+ffn"] - pre["+attention"])]  # fmt: skip
+            per_layer = ", ".join(f"{name} {us / n_layer:.2f}" for name, us in parts)
+            print(f"{'':4} {'':17} per layer (us): {per_layer}; head {pre['+head'] - pre['+ffn']:.2f}")
+
+
+def meta(args) -> dict:
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    import triton
+
+    return {
+        "benchmark": "t2s_layer",
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "platform": platform.platform(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "voicehub_commit": rev or None,
+        },  # fmt: skip
+        "size": args.size,
+        "dtype": args.dtype,
+        "length": args.length,
+        "n_slots": args.n_slots,
+        "max_slots": args.max_slots,
+        "timing": "median over 5 batches of CUDA-graph replays of one call (GPU time per step)",
+        "command": " ".join(["python", *sys.argv]),
+    }
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
