@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, solve_pieces
+from voicehub.models.gpt_sovits.cfm import solve
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkpoint
 
 LENGTHS = (37, 50, 23)
@@ -55,3 +57,27 @@ def test_masked_rows_equal_each_row_alone(estimator, fill):
         assert (batch[i, :length] - alone[i]).abs().max() < ATOL, i
     # Without the mask the padding leaks into the shorter rows' valid frames: the test can fail.
     assert (unmasked[2, : LENGTHS[2]] - alone[2]).abs().max() > 1e-3
+
+
+def test_solve_pieces_of_other_prompts_and_lengths_equal_solve_alone(estimator):
+    """The engine's CFM batch: rows with their own prompt length and frame count, right-padded."""
+    g = torch.Generator().manual_seed(1)
+    mel, text = estimator.proj_out.out_features, estimator.text_embed.freqs_cis.shape[1]
+    shapes = [(12, 37), (20, 50), (5, 23)]  # (prompt frames, all frames)
+    pieces = [
+        CfmPiece(
+            None,
+            torch.randn(n, text, generator=g),
+            torch.randn(mel, p, generator=g),
+            torch.randn(mel, n, generator=g),
+            3,
+        )
+        for p, n in shapes
+    ]
+    with torch.no_grad():
+        batch = solve_pieces(estimator, pieces)
+        for piece, got in zip(pieces, batch):
+            alone = solve(estimator, piece.mu[None], piece.prompt[None], piece.noise[None], 3)
+            p = piece.prompt.shape[1]
+            assert got.shape == (1, mel, piece.n_frames - p)
+            assert (got - alone[:, :, p:]).abs().max() < ATOL

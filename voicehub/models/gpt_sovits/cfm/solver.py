@@ -55,18 +55,34 @@ def solve(
     it) turns it into the step sizes, and `estimator.step_cache` (None unless an optimization set
     it) says which steps reuse deep-block work. Returns [B, mel, N]; its first P frames are zero.
     """
+    n, p = noise.shape[-1], prompt.shape[-1]
+    prompt_x = torch.zeros_like(noise)
+    prompt_x[..., :p] = prompt[..., :p]
+    keep = torch.ones(1, 1, n, device=noise.device, dtype=noise.dtype)
+    keep[..., :p] = 0
+    return solve_padded(estimator, mu, prompt_x, keep, noise, n_steps, mask)
+
+
+def solve_padded(
+    estimator: DiT,
+    mu: torch.Tensor,
+    prompt_x: torch.Tensor,
+    keep: torch.Tensor,
+    noise: torch.Tensor,
+    n_steps: int,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`solve` with the layout given per row, so rows with other prompt lengths (and right padding)
+    share a batch: prompt_x [B, mel, N] holds each row's normalised prompt mel in its prompt frames
+    and 0 elsewhere; keep [1 or B, 1, N] is 0 on prompt frames and padding, 1 on the frames to
+    solve; mask [B, N] marks the valid frames (None: all). Returns x [B, mel, N], 0 where keep is 0.
+    """
     if n_steps < 1:
         raise ValueError(f"sample_steps must be >= 1, got {n_steps}")
-    b, _, n = noise.shape
-    p = prompt.shape[-1]
-    x = noise.clone()
-    x[..., :p] = 0
-    prompt_x = torch.zeros_like(x)
-    prompt_x[..., :p] = prompt[..., :p]
-    keep = torch.ones(1, 1, n, device=x.device, dtype=x.dtype)
-    keep[..., :p] = 0
+    b = noise.shape[0]
+    x = noise.masked_fill(keep == 0, 0.0)
     steps = estimator.schedule(n_steps)
-    text_emb, by_size = _step_embeddings(estimator, mu, steps, b)
+    text_emb, by_size = _step_embeddings(estimator, mu, steps, b, mask)
     cache = estimator.step_cache
     reuse = BlockReuse(cache.start_block(len(estimator.transformer_blocks))) if cache is not None else None
     reuses = cache.reuses(len(steps)) if cache is not None else (False,) * len(steps)
@@ -83,10 +99,10 @@ def solve(
 
 
 def _step_embeddings(
-    estimator: DiT, mu: torch.Tensor, steps: tuple[float, ...], b: int
+    estimator: DiT, mu: torch.Tensor, steps: tuple[float, ...], b: int, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, dict[float, torch.Tensor]]:
     """The text embedding [B, N, text_dim] and one step-size embedding [B, dim] per distinct size."""
     sizes = list(dict.fromkeys(steps))
     fill = lambda d: torch.full((b,), d, device=mu.device, dtype=mu.dtype)  # noqa: E731
-    text_emb, first = estimator.condition(mu, fill(sizes[0]))
+    text_emb, first = estimator.condition(mu, fill(sizes[0]), mask)
     return text_emb, {sizes[0]: first} | {d: estimator.d_embed(fill(d)) for d in sizes[1:]}

@@ -1,0 +1,243 @@
+"""The GPT-SoVITS v3 stream engine (serving.py) on the tiny `make-checkpoint` set, CPU, fp32.
+
+A stream's tokens and audio are the same alone and among other streams that join, leave and cancel
+around it; one stream alone equals the single-stream streaming path (greedy); a stream's first chunk
+goes before other streams' work; a cancel frees the stream's row and state. The tiny T2S never
+samples EOS, so every sentence is bounded with force_n_tokens.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
+
+from voicehub.errors import InvalidTextError
+from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.batch_acoustic import VocoderRows, vocode_windows
+from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine, engine_key
+from voicehub.models.gpt_sovits.serving_stream import is_urgent, priority
+from voicehub.models.gpt_sovits.streaming import VocoderStream
+from voicehub.runtime.scheduler import QueueFullError, StreamCancelledError
+
+ATOL = 1e-4  # fp32 audio: batched convolutions and padded CFM rows reorder a few sums
+GREEDY = dict(top_k=1, top_p=1.0, temperature=1.0, repetition_penalty=1.0)
+REQUESTS = [  # (text, params): sampled and greedy, other windows, speeds, CFM steps and seeds
+    ("Good morning.", dict(seed=3, force_n_tokens=10, stream_chunk_tokens=4, sample_steps=2)),
+    ("See you.", dict(GREEDY, seed=1, force_n_tokens=8, stream_chunk_tokens=5, speed=1.2, sample_steps=2)),
+    (
+        "Hello there. How are you?",
+        dict(seed=4, force_n_tokens=8, stream_chunk_tokens=4, sample_steps=3, pause_s=0.05),
+    ),
+]
+CANCELLED = (
+    "One more thing. And another.",
+    dict(seed=5, force_n_tokens=8, stream_chunk_tokens=4, sample_steps=2),
+)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_set):  # noqa: F811
+    return load(tiny_set)
+
+
+@pytest.fixture(scope="module")
+def voice(reference_wav):  # noqa: F811
+    return Voice(reference_wav, REFERENCE_TEXT, "en")
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    # vocoder windows grow to 16-frame multiples, so windows of different streams share calls
+    return StreamEngine(model, ServingConfig(max_streams=3, max_queue=4, vocoder_bucket_frames=16))
+
+
+def _audio(stream) -> np.ndarray:
+    return np.concatenate([c.audio for c in stream])
+
+
+def _solo(engine, voice, text, params):
+    stream = engine.submit(text, voice=voice, **params)
+    engine.run_until_idle()
+    return stream, [c.audio for c in stream]
+
+
+def test_one_stream_equals_the_single_stream_streaming_path(model, voice):
+    """Greedy tokens are the same on both paths, and so is the CFM noise (per-sentence seeds): with
+    streaming.py's exact windows (no vocoder buckets) the chunks are the same, sample for sample."""
+    text = "Hello there. How are you?"
+    params = dict(GREEDY, seed=7, force_n_tokens=8, stream_chunk_tokens=4, sample_steps=2)
+    want = list(model.stream(text, voice=voice, **params))
+    engine = StreamEngine(model, ServingConfig(max_streams=1))
+    stream = engine.submit(text, voice=voice, **params)
+    engine.run_until_idle()
+    got = list(stream)
+    assert [len(c.audio) for c in got] == [len(c.audio) for c in want]
+    assert [(c.text, c.index, c.is_last, c.start_s) for c in got] == [
+        (c.text, c.index, c.is_last, c.start_s) for c in want
+    ]
+    np.testing.assert_allclose(
+        np.concatenate([c.audio for c in got]), np.concatenate([c.audio for c in want]), atol=1e-6
+    )
+    assert [len(t) for t in stream.tokens] == [8, 8]
+
+
+def test_streams_equal_alone_and_among_others(engine, voice):
+    """Two start together; one joins after 2 rounds and one after 4 (it waits for a row: 3 rows)
+    and is cancelled after its first chunk. Each finished stream equals its solo run."""
+    solo = [_solo(engine, voice, text, params) for text, params in REQUESTS]
+    cfm_before = len(engine.recent_cfm_batches)
+    streams = [engine.submit(text, voice=voice, **params) for text, params in REQUESTS[:2]]
+    for _ in range(2):
+        engine.step()
+    streams.append(engine.submit(REQUESTS[2][0], voice=voice, **REQUESTS[2][1]))
+    for _ in range(2):
+        engine.step()
+    cancelled = engine.submit(CANCELLED[0], voice=voice, **CANCELLED[1])
+    while cancelled.n_chunks < 1:
+        engine.step()
+    cancelled.cancel()
+    engine.run_until_idle()
+    for i, (alone_stream, alone_audio) in enumerate(solo):
+        assert streams[i].tokens == alone_stream.tokens, i
+        got = [c.audio for c in streams[i]]
+        assert [len(a) for a in got] == [len(a) for a in alone_audio], i
+        np.testing.assert_allclose(
+            np.concatenate(got), np.concatenate(alone_audio), atol=ATOL, err_msg=str(i)
+        )
+    got = []
+    with pytest.raises(StreamCancelledError):
+        for chunk in cancelled:
+            got.append(chunk)
+    assert got and not any(c.is_last for c in got)  # it left mid-way
+    batches = list(engine.recent_cfm_batches)[cfm_before:]
+    assert max(len(b) for b in batches) >= 2, "no CFM batch held two streams: nothing was batched"
+
+
+def _push_all(rows, mel, sizes, owner):
+    windows, start = [], 0
+    for k, n in enumerate(sizes):
+        window = rows.push(mel[:, :, start : start + n], owner, is_last=k == len(sizes) - 1)
+        windows.extend([window] if window is not None else [])
+        start += n
+    return windows
+
+
+def test_vocoder_rows_are_the_vocoder_stream_split(model):
+    vocoder, conf = model.pipeline.vocoder, model.pipeline.vocoder.conf
+    mel = torch.randn(1, conf.num_mels, 80, generator=torch.Generator().manual_seed(0)) - 5
+    sizes = [36, 20, 24]
+    stream = VocoderStream(vocoder)
+    want = np.concatenate(
+        [
+            stream.push(mel[:, :, a : a + n], is_last=k == 2)
+            for k, (a, n) in enumerate(zip([0, 36, 56], sizes))
+        ]
+    )
+    rows = VocoderRows(conf.hop_size, conf.sampling_rate)
+    windows = _push_all(rows, mel, sizes, owner=None)
+    assert len(windows) == stream.n_calls
+    got = np.concatenate([rows.absorb(w, vocode_windows(vocoder, [w], 4)[0]) for w in windows])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_vocoder_windows_of_one_length_share_a_call(model):
+    """Bucketed windows (grown by left context to 16-frame multiples) of two streams with other
+    chunk sizes meet in length and run in one call, with the same audio as one call each."""
+    vocoder, conf = model.pipeline.vocoder, model.pipeline.vocoder.conf
+    g = torch.Generator().manual_seed(1)
+    mels = [torch.randn(1, conf.num_mels, 80, generator=g) - 5 for _ in range(2)]
+    windows = [
+        _push_all(VocoderRows(conf.hop_size, conf.sampling_rate, bucket_frames=16), mel, sizes, owner=i)
+        for i, (mel, sizes) in enumerate(zip(mels, [[36, 20, 24], [36, 17, 27]]))
+    ]
+    flat = [w for ws in windows for w in ws]
+    grown = [w for w in flat if w.lo > 0]  # windows with enough history to their left
+    assert grown and all(w.n_frames % 16 == 0 for w in grown)
+    together = vocode_windows(vocoder, flat, max_batch=8)
+    alone = [vocode_windows(vocoder, [w], max_batch=1)[0] for w in flat]
+    assert len({w.n_frames for w in flat}) < len(flat)  # some windows share a length (a call)
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_first_chunk_goes_before_other_streams_work(model, voice):
+    """One CFM row a round: a long stream builds a backlog of windows; a new stream's first window
+    is solved in the round it becomes ready, ahead of that backlog."""
+    engine = StreamEngine(model, ServingConfig(max_streams=2, max_cfm_batch=1, urgent_s=0.0))
+    long = engine.submit("A long one.", voice=voice, seed=1, force_n_tokens=40, stream_chunk_tokens=4)
+    while long.n_chunks < 1:
+        engine.step()
+    new = engine.submit("Short.", voice=voice, seed=2, force_n_tokens=8, stream_chunk_tokens=4)
+    while True:
+        n_before = len(engine.recent_cfm_batches)
+        engine.step()
+        batches = list(engine.recent_cfm_batches)[n_before:]
+        if any(new.id in b for b in batches):
+            break
+        waiting = [r for r in engine._runs if r.stream is new and r.is_acoustic_ready]
+        assert not waiting, "the new stream's window waited behind the backlog"
+    assert batches[0] == (new.id,)  # the first CFM call of the round its window became ready
+    assert not long.is_finished  # it still had work: the new stream really went first
+    long.cancel()
+    engine.run_until_idle()
+
+
+def test_priority_is_first_chunk_then_earliest_deadline():
+    def stream(created, first=None, delivered=0.0):
+        return SimpleNamespace(created=created, first_chunk_at=first, delivered_s=delivered)
+
+    waiting_long, waiting_new = stream(1.0), stream(5.0)
+    ahead, behind = stream(0.0, first=2.0, delivered=9.0), stream(0.5, first=3.0, delivered=1.0)
+    ordered = sorted([ahead, waiting_new, behind, waiting_long], key=priority)
+    assert ordered == [waiting_long, waiting_new, behind, ahead]
+    assert is_urgent(waiting_new, now=0.0, urgent_s=0.0)
+    assert is_urgent(behind, now=3.6, urgent_s=0.5) and not is_urgent(ahead, now=3.6, urgent_s=0.5)
+
+
+def test_cancel_frees_every_row_and_stream(model, voice):
+    engine = StreamEngine(model, ServingConfig(max_streams=2, max_queue=2))
+    params = dict(seed=1, force_n_tokens=40, stream_chunk_tokens=40, sample_steps=2)
+    # one in the acoustic stage (small windows), one decoding, one waiting for a row
+    streams = [
+        engine.submit(f"Stream {i}.", voice=voice, **params | dict(stream_chunk_tokens=8 if i == 0 else 40))
+        for i in range(3)
+    ]
+    for _ in range(3):
+        engine.step()
+    assert engine.scheduler.n_active == 2 and len(engine._waiting) == 1 and streams[0].n_chunks >= 1
+    late = engine.submit("Never started.", voice=voice, **params)
+    for stream in [*streams, late]:
+        stream.cancel()
+    engine.step()
+    assert engine.is_idle and engine.n_streams == 0 and engine.scheduler.is_idle
+    assert bool(engine.t2s.state.done.all()) and int(engine.t2s.cache.lengths.abs().sum()) == 0
+    for stream in [*streams, late]:
+        assert stream.is_finished
+        with pytest.raises(StreamCancelledError):
+            list(stream)
+
+
+def test_bad_requests_fail_alone_and_the_queue_is_bounded(model, voice, tmp_path):
+    engine = StreamEngine(model, ServingConfig(max_streams=1, max_queue=1))
+    with pytest.raises(TypeError, match="unknown GPT-SoVITS parameter"):
+        engine.submit("Hello.", voice=voice, not_a_param=1)
+    with pytest.raises(InvalidTextError):
+        engine.submit("   ", voice=voice)
+    broken = engine.submit("Hello.", voice=Voice(tmp_path / "missing.wav", "hi", "en"), force_n_tokens=4)
+    fine = engine.submit("Hello.", voice=voice, seed=1, force_n_tokens=4)
+    with pytest.raises(QueueFullError):  # one row, one queue place: both taken
+        engine.submit("Hello.", voice=voice, force_n_tokens=4)
+    engine.run_until_idle()
+    with pytest.raises(Exception, match="missing.wav"):
+        list(broken)
+    assert sum(len(c.audio) for c in fine) > 0
+
+
+def test_engines_are_keyed_by_the_weights(model, tiny_set):  # noqa: F811
+    again = load(tiny_set)
+    lora = load(tiny_set, sovits_path=tiny_set / "lora" / "sovits_lora.pth")
+    assert engine_key(again) == engine_key(model) != engine_key(lora)

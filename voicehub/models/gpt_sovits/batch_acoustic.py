@@ -1,0 +1,232 @@
+"""The acoustic stage of many GPT-SoVITS v3 streams at once: CFM pieces and vocoder windows, batched.
+
+Per stream, `CfmRows` and `VocoderRows` keep the state of streaming.py's `CfmStream` and
+`VocoderStream` (same constants, same chunking, same order of noise draws) with each model call taken
+out: they say what to compute (`next_piece`, `push`) and take the result back (`absorb`), so the
+serving engine can run the calls of many streams together:
+- `solve_pieces` solves CFM pieces of different lengths as one right-padded batch. The DiT masks the
+  padded frames (cfm/dit.py), so a row's frames are what it gets alone, up to float rounding.
+- `vocode_windows` vocodes windows of equal length as one batch. BigVGAN pads its borders by
+  replication, so a padded row would change near its end: only windows of one length share a call.
+  `VocoderRows(bucket_frames=k)` makes lengths meet: a window grows to a multiple of k frames by
+  taking more *left* context, already-final mel whose output is dropped (never padding).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from voicehub.audio.fades import FadeShape, StreamJoiner
+from voicehub.audio.mel import denorm_spec
+from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.cfm.dit import DiT
+from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.sovits import ReferencePrompt
+from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
+from voicehub.models.gpt_sovits.streaming import (
+    CFM_CONTEXT_FRAMES,
+    MIN_FIRST_S,
+    VOCODER_LEFT_FRAMES,
+    VOCODER_LOOKAHEAD_FRAMES,
+    VOCODER_OVERLAP_FRAMES,
+)
+
+
+@dataclass(eq=False)
+class CfmPiece:
+    """One row of a CFM batch: the reference + context frames that prompt it, then the new frames."""
+
+    owner: Any  # who absorbs the result (the engine's stream)
+    mu: torch.Tensor  # [N, inter2] condition features: prompt frames, then the new ones
+    prompt: torch.Tensor  # [mel, P] normalised prompt mel (P < N)
+    noise: torch.Tensor  # [mel, N] standard normal, drawn from the stream's generator
+    sample_steps: int
+
+    @property
+    def n_frames(self) -> int:
+        return self.mu.shape[0]
+
+
+class CfmRows:
+    """`CfmStream` of one sentence, split: `add` condition frames, take `next_piece`, `absorb` its mel."""
+
+    def __init__(
+        self,
+        prompt: ReferencePrompt,
+        sample_steps: int,
+        generator: torch.Generator,
+        context: int = CFM_CONTEXT_FRAMES,
+    ):
+        self.prompt, self.sample_steps, self.generator, self.context = (
+            prompt,
+            sample_steps,
+            generator,
+            context,
+        )
+        self._todo = prompt.fea[:, :, :0]  # [1, inter2, n] frames not yet in a piece
+        self._fea = prompt.fea[:, :, :0]  # [1, inter2, <= context] features of the latest output frames
+        self._mel = prompt.mel[:, :, :0]  # [1, mel, <= context] their normalised mel
+        self._piece: torch.Tensor | None = None  # the frames of the piece out for solving
+        self.n_calls = 0
+
+    @property
+    def n_todo(self) -> int:
+        return self._todo.shape[2]
+
+    def add(self, fea: torch.Tensor) -> None:
+        """fea: [1, inter2, n] new condition frames (from `decode_encp` of the token prefix)."""
+        self._todo = torch.cat([self._todo, fea], dim=2)
+
+    def next_piece(self, owner: Any, mel_dim: int) -> CfmPiece:
+        """The next piece (as many todo frames as fit T_CHUNK after the prompt); its noise is drawn now."""
+        assert self._piece is None and self.n_todo, "absorb the last piece first; add frames"
+        fea_ref = torch.cat([self.prompt.fea, self._fea], dim=2)
+        mel_ref = torch.cat([self.prompt.mel, self._mel], dim=2)
+        room = T_CHUNK - fea_ref.shape[2]
+        self._piece, self._todo = self._todo[:, :, :room], self._todo[:, :, room:]
+        mu = torch.cat([fea_ref, self._piece], dim=2).transpose(1, 2)  # [1, N, inter2]
+        noise = torch.randn(
+            1, mel_dim, mu.shape[1], generator=self.generator, device=mu.device, dtype=mu.dtype
+        )
+        return CfmPiece(owner, mu[0], mel_ref[0], noise[0], self.sample_steps)
+
+    def absorb(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel: [1, mel, n] normalised output of the last piece -> denormalised [1, mel, n]."""
+        assert self._piece is not None and mel.shape[2] == self._piece.shape[2]
+        if self.context:
+            self._fea = torch.cat([self._fea, self._piece], dim=2)[:, :, -self.context :]
+            self._mel = torch.cat([self._mel, mel], dim=2)[:, :, -self.context :]
+        self._piece = None
+        self.n_calls += 1
+        return denorm_spec(mel)
+
+
+@torch.inference_mode()
+def solve_pieces(estimator: DiT, pieces: Sequence[CfmPiece]) -> list[torch.Tensor]:
+    """Solve pieces of one `sample_steps` together -> each piece's new frames, normalised [1, mel, n].
+
+    Rows are right-padded to the longest; `keep` is 0 on each row's prompt frames and on its padding,
+    and the mask keeps the padding out of every valid frame. Without padding no mask is passed, so one
+    piece alone runs exactly `solve`'s computation.
+    """
+    (n_steps,) = {p.sample_steps for p in pieces}
+    first = pieces[0].mu
+    b, n = len(pieces), max(p.n_frames for p in pieces)
+    mel_dim = pieces[0].noise.shape[0]
+    mu = first.new_zeros(b, n, first.shape[1])
+    prompt_x = first.new_zeros(b, mel_dim, n)
+    noise = first.new_zeros(b, mel_dim, n)
+    keep = first.new_zeros(b, 1, n)
+    for i, p in enumerate(pieces):
+        n_prompt = p.prompt.shape[1]
+        mu[i, : p.n_frames] = p.mu
+        prompt_x[i, :, :n_prompt] = p.prompt
+        noise[i, :, : p.n_frames] = p.noise
+        keep[i, :, n_prompt : p.n_frames] = 1
+    lengths = torch.tensor([p.n_frames for p in pieces], device=mu.device)
+    mask = None if bool((lengths == n).all()) else torch.arange(n, device=mu.device) < lengths[:, None]
+    x = solve_padded(estimator, mu, prompt_x, keep, noise, n_steps, mask)
+    return [x[i : i + 1, :, p.prompt.shape[1] : p.n_frames] for i, p in enumerate(pieces)]
+
+
+@dataclass(eq=False)
+class VocoderWindow:
+    """One vocoder call of one stream: mel frames [lo, lo + n_frames) of the sentence; samples
+    [keep_from, keep_to) of its output are new. `is_whole`: the utterance in one call (no join)."""
+
+    owner: Any
+    mel: torch.Tensor  # [num_mels, n_frames] denormalised
+    lo: int
+    keep_from: int
+    keep_to: int
+    is_whole: bool
+    is_last: bool
+
+    @property
+    def n_frames(self) -> int:
+        return self.mel.shape[1]
+
+
+class VocoderRows:
+    """`VocoderStream` of one sentence, split: `push` mel (and get the window to vocode, if any), then
+    `absorb` the window's audio (or `finish` when the last push needed no call) for final samples."""
+
+    def __init__(
+        self,
+        hop: int,
+        sample_rate: int,
+        left: int = VOCODER_LEFT_FRAMES,
+        lookahead: int = VOCODER_LOOKAHEAD_FRAMES,
+        overlap: int = VOCODER_OVERLAP_FRAMES,
+        min_first_s: float = MIN_FIRST_S,
+        bucket_frames: int = 1,
+    ):
+        if min(left, lookahead, overlap) < 0 or bucket_frames < 1:
+            raise ValueError("left, lookahead and overlap must be >= 0 frames, bucket_frames >= 1")
+        self.hop, self.left, self.lookahead, self.overlap = hop, left, lookahead, overlap
+        self.bucket = bucket_frames
+        self.min_first = int(np.ceil(min_first_s * sample_rate / hop))
+        self.joiner = StreamJoiner(overlap * hop, FadeShape.LINEAR)  # as VocoderStream
+        self._mel: torch.Tensor | None = None  # [1, num_mels, frames] everything received
+        self._done = 0  # frames planned into a window so far
+
+    def push(self, mel: torch.Tensor, owner: Any, is_last: bool = False) -> VocoderWindow | None:
+        """mel: [1, num_mels, n] denormalised -> the window to vocode now, or None (with is_last:
+        nothing left to vocode, `finish()` gives the tail)."""
+        self._mel = mel if self._mel is None else torch.cat([self._mel, mel], dim=2)
+        total = self._mel.shape[2]
+        if is_last and self._done == 0:  # all in one call, as VocoderStream: no join
+            self._done = total
+            if total == 0:
+                return None
+            return VocoderWindow(owner, self._mel[0], 0, 0, total * self.hop, is_whole=True, is_last=True)
+        if is_last:
+            return self._window(owner, total, is_last=True) if total > self._done else None
+        end = total - self.lookahead
+        if end - self._done < max(self.overlap + 1, self.min_first if self._done == 0 else 1):
+            return None
+        return self._window(owner, end, is_last=False)
+
+    def _window(self, owner: Any, end: int, is_last: bool) -> VocoderWindow:
+        # frames [start, end) are new; start reaches `overlap` back to cross-fade the last output
+        start = max(self._done - self.overlap, 0)
+        lo, hi = max(start - self.left, 0), min(end + self.lookahead, self._mel.shape[2])
+        if self.bucket > 1:
+            grown = hi - -(-(hi - lo) // self.bucket) * self.bucket
+            lo = grown if grown >= 0 else lo  # more left context when the stream has it
+        self._done = end
+        mel = self._mel[0, :, lo:hi]
+        return VocoderWindow(owner, mel, lo, (start - lo) * self.hop, (end - lo) * self.hop, False, is_last)
+
+    def absorb(self, window: VocoderWindow, audio: np.ndarray) -> np.ndarray:
+        """audio: float32 [n_frames * hop] of `window` -> the samples that are final now."""
+        if window.is_whole:
+            return audio
+        ready = self.joiner.push(audio[window.keep_from : window.keep_to])
+        return np.concatenate([ready, self.joiner.finish()]) if window.is_last else ready
+
+    def finish(self) -> np.ndarray:
+        """The held-back tail, when the last push needed no vocoder call."""
+        return self.joiner.finish()
+
+
+@torch.inference_mode()
+def vocode_windows(vocoder: BigVGAN, windows: Sequence[VocoderWindow], max_batch: int) -> list[np.ndarray]:
+    """Vocode windows, those of one length together (at most max_batch a call) -> float32 audio each."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, w in enumerate(windows):
+        groups[w.n_frames].append(i)
+    out: list[np.ndarray | None] = [None] * len(windows)
+    for members in groups.values():
+        for lo in range(0, len(members), max_batch):
+            chunk = members[lo : lo + max_batch]
+            audio = vocode(vocoder, torch.stack([windows[i].mel for i in chunk])).float().cpu().numpy()
+            for row, i in enumerate(chunk):
+                out[i] = audio[row]
+    return out  # type: ignore[return-value]

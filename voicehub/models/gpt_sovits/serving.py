@@ -1,0 +1,399 @@
+"""Many GPT-SoVITS v3 streams on one GPU: T2S, CFM and vocoder work of all streams batched (issue 7).
+
+`StreamEngine(model)` serves requests for voices that share the model's weights (voices with other
+weights need their own engine: `engine_key`). `submit(text, voice=..., **params)` returns a
+`SynthesisStream` of `AudioChunk`s, as `GptSovitsModel.stream` yields them. Each `step()` is one
+round, run by one thread (the server's GPU worker, or the thread of `start()`):
+1. new requests are set up (sentences cut, the voice's reference features) and join the T2S batch
+   while rows are free; a stream's next sentence is queued as soon as its previous sentence's tokens
+   are done, ahead of new streams;
+2. the T2S scheduler (`ContinuousScheduler` over a `T2SRowEngine`) steps every row
+   `stop_check_interval` times, each row with its own params, seed, position and stop;
+3. each sentence's tokens go through streaming.py's chain in windows of `stream_chunk_tokens`
+   (SoVITS `decode_encp` on the prefix; CFM prompted by the full reference and the last frames made;
+   the vocoder with left context, lookahead and a cross-fade). CFM pieces of many streams run as one
+   batch, most urgent first: a stream's first chunk before anything else, then the stream closest to
+   running dry (deadline = when its first chunk left + the audio it has received). While T2S rows
+   are busy, a round runs one such batch, and more only while the most urgent stream left is within
+   `urgent_s` of its deadline; each batch's vocoder windows run right after it, batched by length.
+Differences from `GptSovitsModel.stream`, on purpose: every request streams within sentences
+(`stream_chunk_tokens` defaults to the engine's `chunk_tokens`), and T2S sampling draws from per-row
+counter streams (runtime/row_rng.py), so a fixed seed gives other tokens than the single-stream path:
+a stream's tokens do not depend on the streams beside it. Greedy tokens are the same on both paths.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from voicehub.errors import InvalidTextError
+from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, VocoderWindow, solve_pieces, vocode_windows
+from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
+from voicehub.models.gpt_sovits.pipeline import MAX_SEED, SentenceFeatures
+from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
+from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
+from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
+from voicehub.runtime.scheduler import ContinuousScheduler, QueueFullError, StreamCancelledError
+from voicehub.text.limits import check_text
+
+log = logging.getLogger("voicehub.models.gpt_sovits")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Engine sizes and policy. max_streams: T2S rows (streams decoding at once); max_queue: requests
+    waiting for a row before `submit` raises QueueFullError; chunk_tokens: the window of a request that
+    gives no stream_chunk_tokens; max_cfm_batch / max_vocoder_batch: rows per CFM / vocoder call;
+    urgent_s: slack under which a stream gets another CFM batch in the same round; vocoder_bucket_frames:
+    vocoder windows grow (by left context) to a multiple of this, so more share a call (1: streaming.py's
+    exact windows); stop_check_interval: T2S steps per round."""
+
+    max_streams: int = 64
+    max_queue: int = 64
+    chunk_tokens: int = 25
+    max_cfm_batch: int = 16
+    max_vocoder_batch: int = 32
+    urgent_s: float = 0.5
+    vocoder_bucket_frames: int = 1
+    stop_check_interval: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("max_streams", "chunk_tokens", "max_cfm_batch", "max_vocoder_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServingConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocoder_bucket_frames < 1 or self.stop_check_interval < 1:
+            raise ValueError("ServingConfig: vocoder_bucket_frames and stop_check_interval must be >= 1")
+        if self.max_queue < 0 or self.urgent_s < 0:
+            raise ValueError("ServingConfig: max_queue and urgent_s must be >= 0")
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built (seconds are host time; a CUDA stage is timed to its sync)."""
+
+    rounds: int = 0
+    t2s_s: float = 0.0
+    cfm_calls: int = 0
+    cfm_rows: int = 0
+    cfm_s: float = 0.0
+    vocoder_calls: int = 0
+    vocoder_rows: int = 0
+    vocoder_s: float = 0.0
+    encoder_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def engine_key(model: GptSovitsModel) -> str:
+    """What an engine is keyed by: the model's weights (files and dtype). Voices of one key share it."""
+    return model.pipeline.model_id
+
+
+class StreamEngine:
+    """Continuous batching of GPT-SoVITS v3 streams over one loaded model; see the module docstring."""
+
+    def __init__(self, model: GptSovitsModel, config: ServingConfig | None = None):
+        self.model, self.config = model, config or ServingConfig()
+        self.pipeline = pipeline = model.pipeline
+        self.key = engine_key(model)
+        sizes = StaticDecodeConfig.for_checkpoint(pipeline.t2s.config, max_batch=self.config.max_streams)
+        sizes = replace(sizes, stop_check_interval=self.config.stop_check_interval)
+        preset = "full" if uses_graph_decoder(pipeline.device, model.cuda_graph_preset) else "off"
+        self.t2s = T2SRowEngine(pipeline.t2s, sizes, preset)
+        kernels = pipeline.t2s_decoder.kernels if pipeline.t2s_decoder is not None else NATIVE_KERNELS
+        if kernels != NATIVE_KERNELS:  # the model was optimized: step with the same kernels
+            self.t2s.set_step_kernels(kernels)
+        self.scheduler = ContinuousScheduler(
+            self.t2s, max_queue=self.config.max_streams + self.config.max_queue
+        )
+        self.stats = EngineStats()
+        self.recent_cfm_batches: deque[tuple[int, ...]] = deque(maxlen=256)  # stream ids per CFM call
+        self._lock = threading.Lock()
+        self._inbox: deque[SynthesisStream] = deque()  # submitted, not yet set up
+        self._waiting: deque[StreamRun] = deque()  # set up, waiting for a T2S row
+        self._runs: list[StreamRun] = []  # admitted
+        self._thread: threading.Thread | None = None
+        self._stop, self._wake = threading.Event(), threading.Event()
+        log.info(
+            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %s", sizes.max_batch, preset, self.config
+        )
+
+    # -- requests (any thread) --------------------------------------------------------------------
+
+    def submit(
+        self,
+        text: str,
+        *,
+        voice: Any = None,
+        seed: int | None = None,
+        on_chunk: Any = None,
+        on_end: Any = None,
+        **params: Any,
+    ) -> SynthesisStream:
+        """Queue a request; text, parameters and voice are checked now (as `GptSovitsModel.stream`
+        does), the reference and sentences at the engine's next step (errors then end the stream).
+        on_chunk(chunk) and on_end(error or None) are called from the engine's thread."""
+        text = check_text(text)
+        request = self.model.request_params(seed, params)
+        stream = SynthesisStream(text, self.model.resolve_voice(voice), request, on_chunk, on_end)
+        with self._lock:
+            if len(self._inbox) + len(self._waiting) >= self.config.max_queue + self._free_rows():
+                raise QueueFullError(
+                    f"{len(self._inbox) + len(self._waiting)} streams already wait for one of "
+                    f"{self.config.max_streams} rows; retry later, or raise max_queue / max_streams"
+                )
+            self._inbox.append(stream)
+        self._wake.set()
+        return stream
+
+    @property
+    def n_streams(self) -> int:
+        """Streams submitted and not finished (running or waiting)."""
+        return len(self._runs) + len(self._waiting) + len(self._inbox)
+
+    @property
+    def is_idle(self) -> bool:
+        return self.n_streams == 0
+
+    # -- the round (one thread) -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> bool:
+        """One round (see the module docstring); returns whether any stream is left."""
+        self.stats.rounds += 1
+        self._drop_cancelled()
+        self._set_up_new()
+        self._admit()
+        if not self.scheduler.is_idle:
+            t0 = time.perf_counter()
+            try:
+                self.scheduler.pump()  # a failure ends every live row's handle with the error
+            except Exception:
+                log.exception("T2S step failed; its streams fail")
+            self.stats.t2s_s += time.perf_counter() - t0
+        for run in list(self._runs):
+            self._advance(run)
+        self._acoustic()
+        return not self.is_idle
+
+    def run_until_idle(self, max_rounds: int = 1_000_000) -> None:
+        for _ in range(max_rounds):
+            if not self.step():
+                return
+        raise RuntimeError(f"stream engine still busy after {max_rounds} rounds")
+
+    def start(self) -> None:
+        """Run rounds in a daemon thread until `stop()`; it sleeps while idle."""
+        if self._thread is not None:
+            raise RuntimeError("stream engine already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="voicehub-stream-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End every stream (with `error`, default StreamCancelledError) and free its rows; the engine
+        thread must be stopped first."""
+        error = error or StreamCancelledError("the stream engine was closed")
+        with self._lock:
+            inbox, self._inbox = list(self._inbox), deque()
+        for stream in inbox:
+            stream._end(error)
+        for run in [*self._waiting, *self._runs]:
+            self._end(run, error)
+        self.scheduler.pump()  # frees the cancelled rows
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            if not self.step():
+                self._wake.wait(0.05)
+
+    def _free_rows(self) -> int:
+        return max(self.config.max_streams - self.scheduler.n_active - self.scheduler.n_waiting, 0)
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            gone = [s for s in self._inbox if s.is_cancelled]
+            for stream in gone:
+                self._inbox.remove(stream)
+        for stream in gone:
+            stream._end(StreamCancelledError("the stream was cancelled before it started"))
+        for run in [r for r in (*self._waiting, *self._runs) if r.stream.is_cancelled]:
+            self._end(run, StreamCancelledError("the stream was cancelled"))
+
+    def _end(self, run: StreamRun, error: BaseException | None) -> None:
+        """Take a run out of the engine (its T2S rows are freed at the next pump) and end its stream."""
+        run.cancel_t2s()
+        if run in self._runs:
+            self._runs.remove(run)
+        elif run in self._waiting:
+            self._waiting.remove(run)
+        run.stream._end(error)
+
+    def _set_up_new(self) -> None:
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    return
+                stream = self._inbox.popleft()
+            try:
+                self._waiting.append(self._set_up(stream))
+            except Exception as error:  # a bad request fails alone
+                stream._end(error)
+
+    def _set_up(self, stream: SynthesisStream) -> StreamRun:
+        params, pipeline = stream.params, self.pipeline
+        sentences = pipeline.sentences(stream.text, params)
+        if not sentences:
+            raise InvalidTextError(f"nothing to speak in {stream.text[:60]!r} after cutting")
+        ref = pipeline.reference(stream.voice, params.prompt_language)
+        seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
+        chunk = params.stream_chunk_tokens or self.config.chunk_tokens
+        speakable = _speakable(pipeline, sentences, params.text_language)
+        run = StreamRun(stream, ref, seed, int(chunk), speakable, pipeline, self.config.vocoder_bucket_frames)
+        run.next_sentence()  # raises InvalidTextError when nothing is speakable
+        return run
+
+    def _admit(self) -> None:
+        while self._waiting and self._free_rows() > 0:
+            run = self._waiting.popleft()
+            self._runs.append(run)
+            self._submit_t2s(run)
+
+    def _submit_t2s(self, run: StreamRun) -> None:
+        sentence, ref = run.sentences[-1], run.ref
+        device = self.pipeline.device
+        phone_ids = torch.tensor(ref.phone_ids + sentence.features.phone_ids, dtype=torch.long, device=device)
+        bert = torch.cat([ref.bert, sentence.features.bert], dim=1)  # [1024, P_ref + P]
+        request = T2SRequest(phone_ids, bert, ref.prompt_tokens, run.stream.params.sampling(sentence.seed))
+        try:
+            sentence.t2s = self.scheduler.submit(request, on_tokens=sentence.on_tokens)
+        except Exception as error:  # e.g. a prompt too long for the static cache
+            self._end(run, error)
+
+    def _advance(self, run: StreamRun) -> None:
+        """After a pump: a sentence whose tokens are done gets its last window, the next one its T2S."""
+        if not run.sentences:
+            return
+        sentence = run.sentences[-1]
+        handle = sentence.t2s
+        if handle is None or not handle.is_finished or sentence.is_t2s_done:
+            return
+        try:
+            handle.result(timeout=0)
+        except Exception as error:
+            self._end(run, error)
+            return
+        sentence.finish_tokens()
+        if not sentence.is_last:
+            try:
+                run.next_sentence()
+            except Exception as error:
+                self._end(run, error)
+                return
+            self._submit_t2s(run)
+
+    # -- acoustic work ----------------------------------------------------------------------------
+
+    def _acoustic(self) -> None:
+        n_batches = 0
+        while True:
+            now = time.perf_counter()
+            ready = sorted((r for r in self._runs if r.is_acoustic_ready), key=lambda r: r.priority)
+            if not ready:
+                return
+            head = ready[0]
+            if n_batches and not self.scheduler.is_idle and not head.is_urgent(now, self.config.urgent_s):
+                return  # T2S has work: nothing here is urgent enough to hold it up
+            steps = head.sample_steps
+            batch = [r for r in ready if r.sample_steps == steps][: self.config.max_cfm_batch]
+            self._run_batch(batch)
+            n_batches += 1
+
+    def _run_batch(self, runs: list[StreamRun]) -> None:
+        """One CFM call for `runs` (those whose window needs none just flush), then their vocoder windows."""
+        windows: list[VocoderWindow] = []
+        pieces: list[CfmPiece] = []
+        t0 = time.perf_counter()
+        for run in runs:
+            try:
+                piece = run.prepare_piece(windows)
+            except Exception as error:
+                self._end(run, error)
+                continue
+            if piece is not None:
+                pieces.append(piece)
+        self.stats.encoder_s += time.perf_counter() - t0
+        if pieces:
+            t0 = time.perf_counter()
+            try:
+                mels = solve_pieces(self.pipeline.sovits.cfm.estimator, pieces)
+            except Exception as error:
+                log.exception("CFM batch of %d rows failed; its streams fail", len(pieces))
+                for piece in pieces:
+                    self._end(piece.owner, error)
+                return
+            self.stats.cfm_calls += 1
+            self.stats.cfm_rows += len(pieces)
+            self.recent_cfm_batches.append(tuple(p.owner.stream.id for p in pieces))
+            for piece, mel in zip(pieces, mels):
+                piece.owner.absorb_piece(mel, windows)
+            self.stats.cfm_s += time.perf_counter() - t0
+        self._vocode(windows)
+        for run in runs:
+            self._emit_ready(run)
+
+    def _vocode(self, windows: list[VocoderWindow]) -> None:
+        if not windows:
+            return
+        t0 = time.perf_counter()
+        try:
+            audio = vocode_windows(self.pipeline.vocoder, windows, self.config.max_vocoder_batch)
+        except Exception as error:
+            log.exception("vocoder batch of %d windows failed; its streams fail", len(windows))
+            for window in windows:
+                if window.owner in self._runs:
+                    self._end(window.owner, error)
+            return
+        self.stats.vocoder_calls += len({w.n_frames for w in windows})
+        self.stats.vocoder_rows += len(windows)
+        self.stats.vocoder_s += time.perf_counter() - t0
+        for window, samples in zip(windows, audio):
+            window.owner.absorb_window(window, samples)
+
+    def _emit_ready(self, run: StreamRun) -> None:
+        if run not in self._runs:
+            return
+        run.send_ready()
+        if run.is_done:
+            self._runs.remove(run)
+            run.stream._end(None)
+
+
+def _speakable(pipeline: Any, sentences: list[str], language: Any) -> Iterator[tuple[SentenceFeatures, bool]]:
+    """Sentences with features and an is-last flag, one sentence ahead (as the pipeline's stream)."""
+    found = (f for s in sentences if (f := pipeline.text_features(s, language)) is not None)
+    current = next(found, None)
+    if current is None:
+        raise InvalidTextError("the text has nothing speakable after normalisation")
+    for following in found:
+        yield current, False
+        current = following
+    yield current, True
