@@ -67,8 +67,8 @@ def check_args(
         raise ValueError(f"t2s_layer_stack: lengths must be an integer tensor [B={n_rows}]")
     if not 1 <= n_slots <= k_cache.shape[3]:
         raise ValueError(f"t2s_layer_stack: n_slots {n_slots} must be in [1, {k_cache.shape[3]}]")
-    if any(c.dtype != x.dtype or c.stride(-1) != 1 for c in (k_cache, v_cache)):
-        raise ValueError(f"t2s_layer_stack: the caches must be {x.dtype} with a unit last stride")
+    if any(t.dtype != x.dtype or t.stride(-1) != 1 for t in (x, k_cache, v_cache)):
+        raise ValueError(f"t2s_layer_stack: x and the caches must be {x.dtype} with a unit last stride")
     tensors = [weights.head_weight, *(t for layer in weights.layers for t in layer)]
     if any(not t.is_contiguous() or t.dtype != x.dtype for t in tensors):
         raise ValueError(f"t2s_layer_stack: every weight must be a contiguous {x.dtype} tensor")

@@ -149,10 +149,10 @@ def _attention_kernel(
     kv_mask = live[:, None] & dmask[None, :]
     b64 = b.to(tl.int64)
     k = tl.load(k_ptr + b64 * skb + h * skh + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + b64 * svb + h * svh + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
     s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
     m = tl.max(s, axis=0)
     p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m))  # 0 for dead slots, no NaN when all are
-    v = tl.load(v_ptr + b64 * svb + h * svh + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
     base = (b * N_HEAD + h) * SPLITS
     tl.store(part_ptr + (base + split) * DH + dims, tl.sum(p[:, None] * v.to(tl.float32), axis=0))
     tl.store(m_ptr + base + split, m)
@@ -161,6 +161,8 @@ def _attention_kernel(
     if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
         # the last block of this (row, head): merge all blocks in a fixed order and shape (SPLITS
         # does not depend on the bucket; blocks past the length hold m = -inf and weigh 0)
+        wo_mask = (rows < dim)[:, None] & dmask[None, :]
+        wo = tl.load(wo_ptr + rows[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=wo_mask, other=0.0)
         idx = tl.arange(0, SPLITS)
         have = idx < n_splits
         ms = tl.load(m_ptr + base + idx, mask=have, other=float("-inf"), volatile=True)
@@ -169,8 +171,6 @@ def _attention_kernel(
                        volatile=True)  # fmt: skip
         weight = tl.exp(ms - tl.max(ms, axis=0))  # slot 0 is live in block 0: the max is finite
         a = (tl.sum(weight[:, None] * accs, axis=0) / tl.sum(weight * ls, axis=0)).to(dtype).to(tl.float32)
-        wo_mask = (rows < dim)[:, None] & dmask[None, :]
-        wo = tl.load(wo_ptr + rows[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=wo_mask, other=0.0)
         out = tl.sum(wo.to(tl.float32) * a[None, :], axis=1)
         tl.atomic_add(
             acc_attn_ptr + b * dim + rows, (out * _FIXED).to(tl.int64), mask=rows < dim, sem="relaxed"
