@@ -32,6 +32,7 @@ class CompileTarget:
     label: str
     module: nn.Module
     warmup: Callable[[], Any]
+    method: str = "forward"
 
 
 @dataclass
@@ -70,7 +71,9 @@ class CompileTransform:
         labels: list[str] = []
         try:
             for target in self.targets():
-                undos.append(compile_forward(target.module, self.backend, warmup=target.warmup))
+                undos.append(
+                    compile_forward(target.module, self.backend, warmup=target.warmup, method=target.method)
+                )
                 labels.append(target.label)
         except BaseException as exc:
             for undo in reversed(undos):  # atomic: what this transform compiled is undone first

@@ -1,8 +1,8 @@
 """torch.compile as a reversible switch on one module instance (the optimization layer's `compile`).
 
-`compile_forward(module, ...)` sets the instance's `forward` to `torch.compile(module.forward)` and
-returns the undo, which removes that instance attribute so the class's own `forward` is called
-again. Nothing is decorated and no global is replaced: other instances of the class are untouched.
+`compile_forward(module, ...)` sets the instance's `forward` (or another method) to
+`torch.compile(module.forward)` and returns the undo, which removes that instance attribute so the
+class's own method is called again. Nothing is decorated and no global is replaced: other instances of the class are untouched.
 A warm-up call compiles at once, so a backend failure surfaces here (as `CompileFailedError`),
 not in the middle of a request.
 """
@@ -49,20 +49,21 @@ def compile_forward(
     backend: Backend = DEFAULT_BACKEND,
     dynamic: bool = True,
     warmup: Callable[[], Any] | None = None,
+    method: str = "forward",
 ) -> Undo:
-    """Compile `module`'s forward on this instance; returns the undo.
+    """Compile `module`'s `method` (its forward by default) on this instance; returns the undo.
 
     dynamic=True compiles shape-generic code once (sequence lengths vary per request) instead of
     recompiling per length. `warmup()` is called once after the switch to compile now; if it fails,
     the switch is undone before the error leaves (a backend failure as CompileFailedError, anything
     else, such as CUDA out of memory, as it was raised).
     """
-    if "forward" in vars(module):
-        raise RuntimeError(f"{type(module).__name__}.forward is already replaced on this instance")
-    module.forward = torch.compile(module.forward, backend=backend, dynamic=dynamic)
+    if method in vars(module):
+        raise RuntimeError(f"{type(module).__name__}.{method} is already replaced on this instance")
+    setattr(module, method, torch.compile(getattr(module, method), backend=backend, dynamic=dynamic))
 
     def undo() -> None:
-        vars(module).pop("forward", None)
+        vars(module).pop(method, None)
 
     if warmup is None:
         return undo
@@ -71,7 +72,7 @@ def compile_forward(
     except torch._dynamo.exc.TorchDynamoException as exc:  # the backend or the tracer failed
         undo()
         raise CompileFailedError(
-            f"torch.compile (backend {backend!r}) failed on {type(module).__name__}: {type(exc).__name__}"
+            f"torch.compile (backend {backend!r}) failed on {type(module).__name__}.{method}: {type(exc).__name__}"
         ) from exc
     except BaseException:
         undo()
@@ -79,6 +80,6 @@ def compile_forward(
     return undo
 
 
-def is_compiled(module: nn.Module) -> bool:
-    """Whether `compile_forward` is in effect on this instance."""
-    return "forward" in vars(module)
+def is_compiled(module: nn.Module, method: str = "forward") -> bool:
+    """Whether `compile_forward` is in effect on this instance's `method`."""
+    return method in vars(module)

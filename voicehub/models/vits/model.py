@@ -14,7 +14,7 @@ from voicehub.models.vits.config import VitsArchitecture
 from voicehub.models.vits.duration import DurationPredictor, StochasticDurationPredictor
 from voicehub.models.vits.generator import Generator
 from voicehub.models.vits.layers import ResidualCouplingBlock
-from voicehub.models.vits.text_encoder import TextEncoder
+from voicehub.models.vits.text_encoder import RelativeAttentionFn, TextEncoder
 
 
 class VitsSynthesizer(nn.Module):
@@ -69,6 +69,14 @@ class VitsSynthesizer(nn.Module):
         )
         if a.n_speakers > 1:
             self.emb_g = nn.Embedding(a.n_speakers, a.gin_channels)
+
+    def set_attention(self, attend: RelativeAttentionFn) -> RelativeAttentionFn:
+        """Route the text encoder's attention layers through `attend`; returns the previous function."""
+        layers = self.enc_p.encoder.attn_layers
+        previous = layers[0].attend
+        for layer in layers:
+            layer.attend = attend
+        return previous
 
     def speaker(self, sid: torch.Tensor | None) -> torch.Tensor | None:
         """Speaker conditioning [B, G, 1] for a multi-speaker voice, else None. sid: [B] int64."""

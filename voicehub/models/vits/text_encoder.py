@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +18,8 @@ MASKED_SCORE = -1e4  # what upstream fills masked scores with (not -inf: keeps f
 class RelativeAttention(nn.Module):
     """Multi-head self-attention with learned relative-position keys and values.
 
-    Not torch's scaled_dot_product_attention: the relative-value term needs the attention
-    weights themselves, which SDPA does not return, so SDPA would not compute the same function.
+    The attention itself is the function `self.attend` holds (`relative_attention_native`, the
+    reference, unless an optimization swapped in another through `VitsSynthesizer.set_attention`).
     """
 
     def __init__(self, channels: int, n_heads: int, window_size: int, heads_share: bool = True) -> None:
@@ -33,14 +34,7 @@ class RelativeAttention(nn.Module):
         n_rel = 1 if heads_share else n_heads
         self.emb_rel_k = nn.Parameter(torch.zeros(n_rel, 2 * window_size + 1, self.head_dim))
         self.emb_rel_v = nn.Parameter(torch.zeros(n_rel, 2 * window_size + 1, self.head_dim))
-
-    def _relative(self, emb: torch.Tensor, length: int) -> torch.Tensor:
-        """Embeddings for offsets -(length-1)..(length-1): [n_rel, 2*length - 1, D], zero beyond the window."""
-        pad = max(length - (self.window_size + 1), 0)
-        start = max(self.window_size + 1 - length, 0)
-        if pad:
-            emb = F.pad(emb, (0, 0, pad, pad))
-        return emb[:, start : start + 2 * length - 1]
+        self.attend: RelativeAttentionFn = relative_attention_native
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
         # x: [B, C, T], attn_mask: [B, 1, T, T]
@@ -51,16 +45,51 @@ class RelativeAttention(nn.Module):
 
         q = heads(self.conv_q(x)) / math.sqrt(self.head_dim)
         k, v = heads(self.conv_k(x)), heads(self.conv_v(x))
-        scores = q @ k.transpose(-2, -1)  # [B, H, T, T]
-        rel_logits = q @ self._relative(self.emb_rel_k, t).unsqueeze(0).transpose(-2, -1)  # [B, H, T, 2T-1]
-        scores = scores + _rel_to_abs(rel_logits)
-        scores = scores.masked_fill(attn_mask == 0, MASKED_SCORE)
-        p = torch.softmax(scores, dim=-1)
-        out = p @ v + _abs_to_rel(p) @ self._relative(self.emb_rel_v, t).unsqueeze(0)
+        out = self.attend(q, k, v, self.emb_rel_k, self.emb_rel_v, attn_mask)  # [B, H, T, D]
         return self.conv_o(out.transpose(2, 3).reshape(b, c, t))
 
 
-def _rel_to_abs(x: torch.Tensor) -> torch.Tensor:
+# (q scaled by 1/sqrt(D), k, v: [B, H, T, D]; emb_rel_k, emb_rel_v: [n_rel, 2W+1, D] for offsets
+# -W..W; attn_mask: [B, 1, T, T], 0 where masked) -> [B, H, T, D]
+RelativeAttentionFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
+
+
+def relative_windows(emb: torch.Tensor, length: int) -> torch.Tensor:
+    """Embeddings [n_rel, 2W+1, D] for offsets -(length-1)..(length-1): [n_rel, 2*length - 1, D],
+    zero beyond the window."""
+    window = (emb.shape[1] - 1) // 2
+    pad = max(length - (window + 1), 0)
+    start = max(window + 1 - length, 0)
+    if pad:
+        emb = F.pad(emb, (0, 0, pad, pad))
+    return emb[:, start : start + 2 * length - 1]
+
+
+def relative_attention_native(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    emb_rel_k: torch.Tensor,
+    emb_rel_v: torch.Tensor,
+    attn_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The reference: full score and weight matrices, as upstream VITS computes them.
+
+    Not a plain scaled_dot_product_attention: the relative-value term needs the attention weights
+    themselves (vits/attention_sdpa.py gets them another way).
+    """
+    t = q.shape[2]
+    scores = q @ k.transpose(-2, -1)  # [B, H, T, T]
+    rel_logits = q @ relative_windows(emb_rel_k, t).unsqueeze(0).transpose(-2, -1)  # [B, H, T, 2T-1]
+    scores = scores + rel_to_abs(rel_logits)
+    scores = scores.masked_fill(attn_mask == 0, MASKED_SCORE)
+    p = torch.softmax(scores, dim=-1)
+    return p @ v + abs_to_rel(p) @ relative_windows(emb_rel_v, t).unsqueeze(0)
+
+
+def rel_to_abs(x: torch.Tensor) -> torch.Tensor:
     """[B, H, T, 2T-1] logits by relative offset -> [B, H, T, T] by absolute key position."""
     b, h, t, _ = x.shape
     x = F.pad(x, (0, 1)).view(b, h, 2 * t * t)
@@ -68,7 +97,7 @@ def _rel_to_abs(x: torch.Tensor) -> torch.Tensor:
     return x[:, :, :t, t - 1 :]
 
 
-def _abs_to_rel(x: torch.Tensor) -> torch.Tensor:
+def abs_to_rel(x: torch.Tensor) -> torch.Tensor:
     """[B, H, T, T] weights by absolute key position -> [B, H, T, 2T-1] by relative offset."""
     b, h, t, _ = x.shape
     x = F.pad(x, (0, t - 1)).view(b, h, t * (2 * t - 1))

@@ -64,8 +64,19 @@ class VitsModel(TTSModel):
             with self._load_lock:
                 if self._network is None:
                     self._load_weights()
+                    self.apply_pending_optimization()  # a load-time optimization_config applies now
         assert self._network is not None
         return self._network
+
+    @property
+    def is_runtime_loaded(self) -> bool:
+        return self._network is not None
+
+    def optimization_targets(self) -> list:
+        """The reversible transforms of `optimize()` (see vits/optimization.py)."""
+        from voicehub.models.vits.optimization import vits_transforms
+
+        return vits_transforms(self)
 
     @property
     def architecture(self) -> VitsArchitecture:
