@@ -2,12 +2,15 @@
 
 Vocoder chunking is held to one-shot vocoding of the same mel (SNR); joins are measured with the click
 meter on tonal mel; the streamed chain is held to the per-sentence path's length, yields its first chunk
-before the sentence's later windows go through the CFM or the vocoder, and makes that chunk >= 0.25 s.
+before the sentence's later windows go through the CFM or the vocoder (and before T2S has decoded it),
+and makes that chunk >= 0.25 s. Both T2S paths stream: the eager reference step by step, and the
+static/graph decoder's `decode_iter` (here its eager twin, preset off), which gives the same audio.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,8 +25,10 @@ from voicehub.audio.mel import V3_MEL, MelSpectrogram
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.params import GptSovitsParams
-from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, VocoderStream, decode_steps, token_windows
-from voicehub.models.gpt_sovits.t2s import StopReason, decode
+from voicehub.models.gpt_sovits.pipeline import Pipeline, sentence_seed
+from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, VocoderStream, decode_steps, stepwise_windows
+from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, StopReason, decode
+from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.text.options import Language
 
 SR = 24000
@@ -39,6 +44,22 @@ def model(tiny_set):  # noqa: F811
 @pytest.fixture(scope="module")
 def voice(reference_wav):  # noqa: F811
     return Voice(reference_wav, REFERENCE_TEXT, "en")
+
+
+def with_static_decoder(pipe: Pipeline, t2s=None) -> Pipeline:
+    """The same components with T2S decoded by the graph decoder's eager twin (preset off): the path a
+    CUDA model with graphs takes, step for step, on the CPU."""
+    t2s = t2s if t2s is not None else pipe.t2s
+    decoder = T2SGraphDecoder(t2s, StaticDecodeConfig.for_checkpoint(t2s.config), preset="off")
+    return Pipeline(
+        pipe.frontend, pipe.hubert, pipe.bert, t2s, pipe.sovits, pipe.vocoder, pipe.device, pipe.dtype,
+        pipe.cache, pipe.model_id, decoder,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def static_pipe(model) -> Pipeline:
+    return with_static_decoder(model.pipeline)
 
 
 @pytest.fixture(scope="module")
@@ -132,12 +153,15 @@ def test_first_vocoder_chunk_is_long_enough(model, tonal_mel):
     assert len(first) >= MIN_FIRST_S * SR
 
 
-def test_token_windows_cover_all_tokens():
-    for n, k in [(1, 8), (8, 8), (9, 8), (13, 8), (40, 10), (41, 10)]:
-        windows = token_windows(n, k)
-        assert windows[0][0] == 0 and windows[-1][1] == n
-        assert all(a[1] == b[0] for a, b in zip(windows, windows[1:]))
-        assert all(e - s >= 1 for s, e in windows)
+def test_windows_do_not_depend_on_batching():
+    tokens = torch.arange(37)
+    for chunk in (4, 12, 37, 40):
+        one_by_one = list(stepwise_windows(tokens.split(1), chunk))
+        for size in (3, 8, 16, 37):
+            windows = list(stepwise_windows(tokens.split(size), chunk))
+            assert [(w.tolist(), f) for w, f in windows] == [(w.tolist(), f) for w, f in one_by_one]
+        ends = [len(w) for w, _ in one_by_one]
+        assert ends == [*range(chunk, 38, chunk), 37] and [f for _, f in one_by_one][-1]
 
 
 def _params(**values) -> GptSovitsParams:
@@ -173,8 +197,9 @@ class _Counter:
         return self._forward(*args, **kwargs)
 
 
-def test_first_chunk_before_rest_of_sentence(model, voice):
-    pipe = model.pipeline
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_first_chunk_before_rest_of_sentence(model, static_pipe, voice, path):
+    pipe = model.pipeline if path == "eager" else static_pipe
     ref = pipe.reference(voice)
     sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
     params = _params(stream_chunk_tokens=12)
@@ -191,10 +216,91 @@ def test_first_chunk_before_rest_of_sentence(model, voice):
     assert not is_final and len(first) >= MIN_FIRST_S * SR
     assert at_first[0] == 1  # one vocoder call made the first chunk
     assert all(c.n > n for c, n in zip(counters, at_first))  # vocoder, CFM and T2S all continue after it
-    assert at_first[2] <= 2 * 12 + 1  # the first chunk came from the first windows' tokens, not all 60
+    # The first chunk came from the first window's tokens (static: up to the stop check after 12), not all 60.
+    assert at_first[2] <= 2 * 12 + 1
     assert len(rest) >= 2 and rest[-1][1]
     whole = pipe.synthesize_sentence(ref, sentence, params, seed=1).audio
     assert len(first) + sum(len(a) for a, _ in rest) == len(whole)
+
+
+def eos_likely(t2s, bias: float = 4.0):
+    """A copy of the T2S model whose head adds `bias` to EOS: EOS becomes likely, not certain
+    (tiny random weights never choose it)."""
+    t2s = copy.deepcopy(t2s)
+    head = torch.nn.Linear(*reversed(t2s.ar_predict_layer.weight.shape))
+    with torch.no_grad():
+        head.weight.copy_(t2s.ar_predict_layer.weight)
+        head.bias.zero_()
+        head.bias[t2s.config.eos] = bias
+    t2s.ar_predict_layer = head
+    return t2s
+
+
+@pytest.mark.parametrize(
+    "values, expect",
+    [
+        (dict(force_n_tokens=24, stream_chunk_tokens=8), StopReason.FORCED),  # sampled, EOS suppressed
+        (dict(force_n_tokens=14, stream_chunk_tokens=5, top_k=1, repetition_penalty=1.0), StopReason.FORCED),
+        (dict(max_new_tokens=20, stream_chunk_tokens=12), StopReason.MAX_TOKENS),  # stream keeps token 0
+        (dict(eos_bias=True, max_new_tokens=120, stream_chunk_tokens=4), StopReason.EOS),
+    ],
+)
+def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect):
+    """decode_iter's windows give the eager step-wise stream's audio, sample for sample (CPU, fp32)."""
+    values = dict(values)
+    pipe = model.pipeline
+    t2s = eos_likely(pipe.t2s, bias=8.0) if values.pop("eos_bias", False) else pipe.t2s
+    eager = Pipeline(pipe.frontend, pipe.hubert, pipe.bert, t2s, pipe.sovits, pipe.vocoder, pipe.device,
+                     pipe.dtype, pipe.cache, pipe.model_id)  # fmt: skip
+    static = with_static_decoder(eager)
+    values.update(speed=1.0, pause_s=0.1, seed=3, sample_steps=2)  # 2 CFM steps: a quick test
+    params = GptSovitsParams.build("balanced", **values)
+    text = "Through the static decoder. Again."
+    got, want = list(static.stream(text, voice, params)), list(eager.stream(text, voice, params))
+    assert len(got) == len(want) >= 3  # two sentences, one at least in two chunks
+    for a, b in zip(got, want):
+        assert np.array_equal(a.audio, b.audio) and (a.index, a.is_last, a.text) == (
+            b.index,
+            b.is_last,
+            b.text,
+        )
+    ref = static.reference(voice)
+    for index, sentence in enumerate(static.sentences(text, params)):
+        features = static.text_features(sentence, params.text_language)
+        result = static.decode_tokens(ref, features, params, sentence_seed(3, index))
+        assert result.stop_reason == expect and len(set(result.tokens.tolist())) > 1
+    if expect != StopReason.MAX_TOKENS:  # on the cap a stream speaks one token more (decode_iter)
+        whole = static.stream(
+            text, voice, GptSovitsParams.build("balanced", **{**values, "stream_chunk_tokens": None})
+        )
+        assert sum(len(c.audio) for c in got) == sum(len(c.audio) for c in whole)
+
+
+def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice, caplog):
+    """A stream suspended mid-sentence holds the graph decoder; a second stream on the same thread decodes
+    eagerly (logged) instead of waiting for itself, and closing the first frees the decoder."""
+    params = GptSovitsParams.build(
+        "balanced", force_n_tokens=24, stream_chunk_tokens=8, sample_steps=2, seed=2
+    )
+    text = "One sentence held mid-way by its stream."
+    first = static_pipe.stream(text, voice, params)
+    next(first)
+    assert static_pipe._t2s_lock.locked()
+    with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
+        second = list(static_pipe.stream(text, voice, params))
+    assert "decoding this sentence eagerly" in caplog.text
+    rest = list(first)
+    assert not static_pipe._t2s_lock.locked()  # the stream ended: the decoder is free again
+    assert sum(len(c.audio) for c in second) > 0 and len(rest) >= 1
+    abandoned = static_pipe.stream(text, voice, params)
+    next(abandoned)
+    abandoned.close()  # a client that leaves mid-sentence
+    assert not static_pipe._t2s_lock.locked()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
+        again = list(static_pipe.stream(text, voice, params))
+    assert "eagerly" not in caplog.text
+    assert [len(c.audio) for c in again] == [len(c.audio) for c in second]  # same tokens on both T2S paths
 
 
 @pytest.mark.parametrize(
@@ -212,13 +318,7 @@ def test_stepwise_decode_gives_eager_tokens(model, voice, values):
     pipe = model.pipeline
     t2s = pipe.t2s
     if values.pop("eos_bias", False):
-        t2s = copy.deepcopy(t2s)
-        head = torch.nn.Linear(*reversed(t2s.ar_predict_layer.weight.shape))
-        with torch.no_grad():
-            head.weight.copy_(t2s.ar_predict_layer.weight)
-            head.bias.zero_()
-            head.bias[t2s.config.eos] = 4.0  # EOS becomes likely, not certain
-        t2s.ar_predict_layer = head
+        t2s = eos_likely(t2s)
     ref = pipe.reference(voice)
     sentence = pipe.text_features("Tokens one step at a time.", Language.EN)
     params = GptSovitsParams.build("balanced", **values)
@@ -245,7 +345,9 @@ def test_stream_chunk_tokens_is_validated():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("preset", ["off", "lazy"])  # off: step-wise eager T2S; lazy: graph decoder, windowed
+@pytest.mark.parametrize(
+    "preset", ["off", "lazy", "full"]
+)  # off: step-wise eager T2S; else decode_iter on graphs
 def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, preset):  # noqa: F811
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
@@ -253,7 +355,22 @@ def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, p
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     values = dict(voice=voice, seed=5, speed=1.0, force_n_tokens=60, how_to_cut="none")
     whole = model.generate("One sentence on the GPU.", **values).audio
-    chunks = list(model.stream("One sentence on the GPU.", **values, stream_chunk_tokens=12))
+    decoder = model.pipeline.t2s_decoder
+    assert (decoder is None) == (preset == "off")
+    steps = []
+    if decoder is not None:  # count graph replays: the step's modules are not called on a replay
+        replay = decoder.step
+        decoder.step = lambda *args: (steps.append(args), replay(*args))
+    try:
+        chunks = model.stream("One sentence on the GPU.", **values, stream_chunk_tokens=12)
+        first = next(chunks)
+        n_at_first = len(steps)
+        chunks = [first, *chunks]
+    finally:
+        if decoder is not None:
+            del decoder.step
+    if decoder is not None:  # the first chunk left after the stop check that passed 12 tokens, not after 60
+        assert 0 < n_at_first <= 12 + decoder.engine.stop_check_interval < len(steps)
     assert len(chunks) > 2 and len(chunks[0].audio) >= MIN_FIRST_S * SR
     streamed = np.concatenate([c.audio for c in chunks])
     assert streamed.shape == whole.shape and np.isfinite(streamed).all()

@@ -21,6 +21,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from voicehub.models.gpt_sovits.reference import (
 )
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
-from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows, stream_windows, whole_windows
+from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows, stream_windows
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
@@ -125,8 +126,10 @@ class Pipeline:
         self.frontend, self.hubert, self.bert = frontend, hubert, bert
         self.t2s, self.sovits, self.vocoder = t2s, sovits, vocoder
         self.t2s_decoder = t2s_decoder
-        # The decoder's static buffers serve one decode at a time.
+        # The decoder's static buffers serve one decode at a time; a streamed sentence holds them
+        # between its chunks (see `_claim_decoder`).
         self._t2s_lock = threading.Lock()
+        self._t2s_owner: int | None = None  # the thread holding _t2s_lock
         self.device, self.dtype = device, dtype
         self.cache = cache if cache is not None else ReferenceCache()
         self.model_id = model_id or f"pipeline-{id(self)}"
@@ -137,8 +140,42 @@ class Pipeline:
         the previous choice. The eager reference path takes no kernels: it raises without a decoder."""
         if self.t2s_decoder is None:
             raise RuntimeError("this pipeline decodes T2S eagerly (no graph decoder): no step kernels to set")
+        if self._t2s_owner == threading.get_ident():
+            raise RuntimeError(
+                "a stream on this thread is mid-sentence on the graph decoder: finish or close it before "
+                "changing the decoder's step kernels"
+            )
         with self._t2s_lock:
             return self.t2s_decoder.set_step_kernels(kernels)
+
+    @contextmanager
+    def _claim_decoder(self, request: T2SRequest) -> Iterator[T2SGraphDecoder | None]:
+        """The graph decoder, held for the block (waiting while another thread decodes), or None for the
+        eager reference decode: without a decoder, for a request larger than its cache, or when a stream
+        suspended on this thread holds it (a caller interleaving streams on one thread, as the server's
+        worker can, would otherwise wait for itself). The last two are logged."""
+        decoder = self.t2s_decoder
+        if decoder is None:
+            yield None
+        elif not decoder.fits(request):
+            log.warning(
+                "T2S request needs %d KV slots, the graph decoder holds %d: decoding it eagerly",
+                decoder.slots_needed(request), decoder.engine.max_seq_len,
+            )  # fmt: skip
+            yield None
+        elif self._t2s_owner == threading.get_ident():
+            log.warning(
+                "the T2S graph decoder is held by a stream suspended mid-sentence on this thread "
+                "(streams interleaved on one thread): decoding this sentence eagerly"
+            )
+            yield None
+        else:
+            with self._t2s_lock:
+                self._t2s_owner = threading.get_ident()
+                try:
+                    yield decoder
+                finally:
+                    self._t2s_owner = None
 
     # -- text ------------------------------------------------------------------------------------
 
@@ -203,22 +240,39 @@ class Pipeline:
 
     # -- one sentence ----------------------------------------------------------------------------
 
+    def t2s_request(
+        self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
+    ) -> T2SRequest:
+        """The T2S input of one sentence: reference + sentence phonemes and BERT, the reference's tokens."""
+        phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=self.device)
+        bert = torch.cat([ref.bert, sentence.bert], dim=1)  # [1024, P_ref + P]
+        return T2SRequest(phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
+
     def decode_tokens(
         self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
     ) -> DecodeResult:
         """T2S: semantic tokens of one sentence, prompted by the reference."""
-        phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=self.device)
-        bert = torch.cat([ref.bert, sentence.bert], dim=1)  # [1024, P_ref + P]
-        request = T2SRequest(phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
-        if self.t2s_decoder is not None:
-            if self.t2s_decoder.fits(request):
-                with self._t2s_lock:
-                    return self.t2s_decoder.decode([request])[0]
-            log.warning(
-                "T2S request needs %d KV slots, the graph decoder holds %d: decoding it eagerly",
-                self.t2s_decoder.slots_needed(request), self.t2s_decoder.engine.max_seq_len,
-            )  # fmt: skip
-        return decode(self.t2s, phone_ids, bert, ref.prompt_tokens, request.params)
+        request = self.t2s_request(ref, sentence, params, seed)
+        with self._claim_decoder(request) as decoder:
+            if decoder is not None:
+                return decoder.decode([request])[0]
+        return decode(self.t2s, request.phone_ids, request.bert, request.prompt_tokens, request.params)
+
+    def token_batches(self, request: T2SRequest) -> Iterator[torch.Tensor]:
+        """The sentence's semantic tokens as they are decoded, in batches [n] long on the device: one per
+        stop check from the graph decoder's `decode_iter`, else one per step of the eager reference.
+        Where the decode ends on the cap, the first token is kept (see `decode_iter`)."""
+        with self._claim_decoder(request) as decoder:
+            if decoder is not None:
+                for item in decoder.decode_iter(request):
+                    if item.result is not None:
+                        break  # decoded: the decoder is free for others before the last tokens go on
+                    yield item.tokens
+        if decoder is not None:
+            yield item.tokens
+            return
+        r = request
+        yield from decode_steps(self.t2s, r.phone_ids, r.bert, r.prompt_tokens, r.params)
 
     @torch.inference_mode()
     def synthesize_sentence(
@@ -303,19 +357,13 @@ class Pipeline:
         self, ref: ReferenceFeatures, sentence: SentenceFeatures, params: GptSovitsParams, seed: int
     ) -> Iterator[tuple[np.ndarray, bool]]:
         """True streaming of one sentence: (float32 piece, is_final) pairs, the first as soon as the first
-        `stream_chunk_tokens` tokens are through SoVITS, the CFM and the vocoder. The eager T2S decode is
-        driven step by step; the graph decoder decodes the sentence first (no step-wise interface yet)."""
+        `stream_chunk_tokens` tokens are through SoVITS, the CFM and the vocoder, while T2S decodes on:
+        the graph decoder (or its eager static twin) step-wise through `decode_iter`, or the eager
+        reference decode one step at a time. Both paths cut the same windows from the same tokens."""
         assert params.stream_chunk_tokens is not None
-        chunk = int(params.stream_chunk_tokens)
         phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
-        if self.t2s_decoder is None:
-            phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=self.device)
-            bert = torch.cat([ref.bert, sentence.bert], dim=1)  # [1024, P_ref + P]
-            steps = decode_steps(self.t2s, phone_ids, bert, ref.prompt_tokens, params.sampling(seed))
-            windows = stepwise_windows(steps, chunk)
-        else:
-            with torch.inference_mode():
-                windows = whole_windows(self.decode_tokens(ref, sentence, params, seed).tokens, chunk)
+        request = self.t2s_request(ref, sentence, params, seed)
+        windows = stepwise_windows(self.token_batches(request), int(params.stream_chunk_tokens))
         generator = torch.Generator(device=self.device).manual_seed(seed)
         yield from stream_windows(
             self.sovits, self.vocoder, ref.acoustic, windows, phones,

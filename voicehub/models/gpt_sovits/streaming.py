@@ -1,9 +1,10 @@
 """Sub-sentence streaming of GPT-SoVITS v3 (issue 4): token windows -> CFM mel chunks -> vocoder chunks.
 
 The chain, per sentence:
-1. T2S tokens arrive in windows of `stream_chunk_tokens`: from `decode_steps` (the eager reference decode
-   driven step by step, same tokens) while decoding, or cut from a whole-sentence decode (the graph
-   decoder has no step-wise interface yet);
+1. T2S tokens arrive while the sentence decodes, and leave in windows of `stream_chunk_tokens`: from the
+   static/graph decoder's `decode_iter` (a batch per stop check) or from `decode_steps` (the eager
+   reference decode driven step by step); both give their whole-sentence decode's tokens, and the
+   windows end at the same multiples of `stream_chunk_tokens` however the tokens are batched;
 2. SoVITS `decode_encp` runs on the token prefix so far (earlier tokens are the acoustic context the
    bidirectional encoder needs) and the new window's feature frames are kept;
 3. the CFM solves those frames prompted by the full reference (mel + features, every chunk) followed by
@@ -45,17 +46,6 @@ VOCODER_LEFT_FRAMES = 24  # mel frames vocoded left of a chunk and dropped (the 
 VOCODER_LOOKAHEAD_FRAMES = 8  # newest frames held back until more mel arrives (the right receptive field)
 VOCODER_OVERLAP_FRAMES = 4  # frames cross-faded between consecutive vocoder outputs
 MIN_FIRST_S = 0.25  # the first chunk of a sentence carries at least this much audio (unless it is all)
-
-
-def token_windows(n_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
-    """[start, end) token windows of `chunk_tokens` each covering n_tokens; a short remainder joins the last."""
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    ends = list(range(chunk_tokens, n_tokens, chunk_tokens))
-    if ends and n_tokens - ends[-1] < chunk_tokens // 2:
-        ends.pop()  # a tiny last window would be a CFM call for a few frames
-    ends.append(n_tokens)
-    return list(zip([0, *ends[:-1]], ends))
 
 
 class VocoderStream:
@@ -152,22 +142,21 @@ class CfmStream:
         return denorm_spec(torch.cat(out, dim=2))
 
 
-def whole_windows(tokens: torch.Tensor, chunk_tokens: int) -> Iterator[tuple[torch.Tensor, bool]]:
-    """(token prefix [end], is_final) per window of an already decoded sentence's tokens [N]."""
-    for _start, end in token_windows(tokens.shape[0], chunk_tokens):
-        yield tokens[:end], end == tokens.shape[0]
-
-
 def stepwise_windows(
-    tokens: Iterable[torch.Tensor], chunk_tokens: int
+    batches: Iterable[torch.Tensor], chunk_tokens: int
 ) -> Iterator[tuple[torch.Tensor, bool]]:
-    """(token prefix, is_final) each time `chunk_tokens` more tokens [1] arrive, and once at the end."""
-    drawn: list[torch.Tensor] = []
-    for token in tokens:
-        drawn.append(token)
-        if len(drawn) % chunk_tokens == 0:
-            yield torch.cat(drawn), False
-    yield torch.cat(drawn), True
+    """(token prefix, is_final) at every multiple of `chunk_tokens` tokens, as tokens arrive in batches
+    [n] (one per decode step, or one per stop check), and once at the end with every token."""
+    prefix, n_next = None, chunk_tokens
+    for batch in batches:
+        prefix = batch if prefix is None else torch.cat([prefix, batch])
+        while prefix.shape[0] >= n_next:
+            yield prefix[:n_next], False
+            n_next += chunk_tokens
+    assert prefix is not None and prefix.shape[0], (
+        "a decode draws at least one token (EOS is blocked at first)"
+    )
+    yield prefix, True
 
 
 @torch.inference_mode()
