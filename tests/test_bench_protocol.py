@@ -164,3 +164,72 @@ def test_reports_are_written(tmp_path):
     assert md == markdown_table(record)
     assert "| attn_implementation=sdpa | measured |" in md and "| kernel_backend=triton | skipped:" in md
     assert "2.00x" in md and "measured repetitions: 3" in md
+
+
+def test_a_graph_preset_adds_a_graph_profile_and_loads_every_other_profile_with_it():
+    profiles = default_profiles("gpt-sovits-v3", "full")
+    assert [p.name for p in profiles[:2]] == ["eager", "cuda_graphs"] and profiles[-1].name == "auto"
+    assert profiles[0].engine == {"cuda_graph_preset": "off"}
+    assert all(p.engine == {"cuda_graph_preset": "full"} for p in profiles[1:])
+    assert profiles[1].config == TTSOptimizationConfig.eager()
+    assert all(p.engine == {} for p in default_profiles("gpt-sovits-v3"))
+
+
+def test_engine_and_params_reach_the_loader_and_generate(tmp_path):
+    clock, seen = Clock(), []
+
+    class Recording(FakeModel):
+        def generate(self, text, *, seed=None, **params):
+            seen.append(params)
+            return super().generate(text, seed=seed)
+
+    def load(**engine):
+        seen.append(engine)
+        return Recording(clock)
+
+    profiles = [Profile("eager", TTSOptimizationConfig.eager(), {"cuda_graph_preset": "off"})]
+    settings = BenchSettings(model_type="vits", text=TEXT, params={"force_n_tokens": 9})
+    record = run_benchmark(load, settings, profiles, timer=clock, audio_dir=tmp_path)
+    assert seen[0] == {"cuda_graph_preset": "off"} and seen[1] == {"force_n_tokens": 9}
+    row = record["profiles"][0]
+    assert row["engine"] == {"cuda_graph_preset": "off"} and (tmp_path / row["audio_file"]).is_file()
+
+
+def test_saved_audio_is_scored_later_against_eager(tmp_path):
+    from voicehub.bench.protocol import score_saved_audio
+
+    clock = Clock()
+    settings = BenchSettings(model_type="vits", text=TEXT, seed=3)
+    record = run_benchmark(lambda: FakeModel(clock), settings, timer=clock, audio_dir=tmp_path)
+
+    class Gate:
+        def compare(self, eager, candidate, rate, text):
+            class Report:
+                def to_dict(self):
+                    return {"accepted": bool(np.array_equal(eager, candidate)), "reasons": [], "text": text}
+
+            return Report()
+
+    scored = score_saved_audio(record, tmp_path, Gate())
+    measured = [r for r in scored["profiles"] if r["status"] == "measured"]
+    assert len(measured) > 1 and all(r["quality"]["accepted"] for r in measured[1:])
+
+
+def test_a_profile_that_fails_to_apply_is_recorded_and_the_rest_go_on():
+    from voicehub.optimization import OptimizationCompileError
+
+    clock = Clock()
+
+    class Failing(FakeModel):
+        def optimization_targets(self):
+            targets = super().optimization_targets()
+            targets[2].apply = lambda: (_ for _ in ()).throw(OptimizationCompileError("backend failed"))
+            return targets
+
+    settings = BenchSettings(model_type="vits", text=TEXT)
+    rows = {r["name"]: r for r in run_benchmark(lambda: Failing(clock), settings, timer=clock)["profiles"]}
+    assert (
+        rows["compile=required"]["status"] == "failed"
+        and "backend failed" in rows["compile=required"]["reason"]
+    )
+    assert rows["auto"]["status"] == "measured"

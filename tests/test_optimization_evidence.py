@@ -132,6 +132,20 @@ def test_inconsistent_exactness_files_raise(mutate, match):
         check_evidence(data)
 
 
+def test_exact_but_slower_is_rejected():
+    slower = exactness()
+    slower["measurements"]["timing"] = {"eager_ms": 10.0, "optimized_ms": 12.0}
+    with pytest.raises(EvidenceError, match="numbers say 'rejected'"):
+        check_evidence(slower)
+    check_evidence({**slower, "decision": "rejected"})
+    faster = exactness()
+    faster["measurements"]["timing"] = {"eager_ms": 10.0, "optimized_ms": 4.0}
+    check_evidence(faster)
+    faster["measurements"]["timing"]["eager_ms"] = 0
+    with pytest.raises(EvidenceError, match="timing"):
+        check_evidence(faster)
+
+
 def test_a_rejection_consistent_with_its_numbers_loads():
     data = exactness(decision="rejected")
     data["measurements"]["outputs"][0]["rel_l2"] = 0.03

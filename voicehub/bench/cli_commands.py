@@ -46,7 +46,10 @@ def add_parsers(subparsers: Any) -> None:
     bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     bench.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16 (default: float32)")
     bench.add_argument(
-        "--cuda-graph-preset", default=None, help="full, minimal, lazy or off (recorded in the manifest)"
+        "--cuda-graph-preset",
+        default=None,
+        help="full, minimal, lazy or off: engine configuration of every profile but eager, which loads "
+        "with off; adds a cuda_graphs profile (recorded in the manifests)",
     )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument(
@@ -58,6 +61,21 @@ def add_parsers(subparsers: Any) -> None:
         "--quality", action="store_true", help="score each profile against eager with the quality gate"
     )
     bench.add_argument("--out", type=Path, default=None, help="output folder (default: bench-<model_type>)")
+    bench.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a request parameter for every generate() call, e.g. force_n_tokens=110 (repeatable)",
+    )
+    bench.add_argument(
+        "--ref-audio", type=Path, default=None, help="reference audio of a voice-cloning model"
+    )
+    bench.add_argument("--prompt-text", default=None, help="transcript of --ref-audio")
+    bench.add_argument("--prompt-language", default="en", help="language of --prompt-text (default: en)")
+    bench.add_argument(
+        "--save-audio", action="store_true", help="also write each profile's audio under OUT/audio/"
+    )
     _text_args(bench, DEFAULT_TEXT)
 
     quality = subparsers.add_parser("quality", help="score a candidate audio file against the eager one")
@@ -162,10 +180,24 @@ def cmd_quality(args: argparse.Namespace) -> int:
     return EXIT_REJECTED
 
 
-def _pick_profiles(model_type: str, names: str | None) -> list[Any]:
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """NAME=VALUE pairs; a VALUE that reads as JSON (numbers, true, null) is taken as such."""
+    params: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--param {item!r} is not NAME=VALUE")
+        try:
+            params[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name.strip()] = value
+    return params
+
+
+def _pick_profiles(model_type: str, names: str | None, cuda_graph_preset: str | None = None) -> list[Any]:
     from voicehub.bench.protocol import default_profiles
 
-    profiles = default_profiles(model_type)
+    profiles = default_profiles(model_type, cuda_graph_preset)
     if names is None:
         return profiles
     by_name = {p.name: p for p in profiles}
@@ -198,6 +230,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         n_warmup=args.warmup,
         n_reps=args.reps,
         language=args.language,
+        params=parse_params(args.param),
     )
     gate = None
     if args.quality:
@@ -205,13 +238,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         gate = QualityGate(args.language)
 
-    def load() -> Any:
+    voice = {}
+    if args.ref_audio is not None:
+        voice = {"default_voice": {"ref_audio_path": str(args.ref_audio), "prompt_text": args.prompt_text or "",
+                                   "prompt_language": args.prompt_language}}  # fmt: skip
+
+    def load(**engine: Any) -> Any:
         return AutoModelForTextToSpeech.from_pretrained(
-            args.model, model_type=model_type, device=args.device, dtype=args.dtype
+            args.model, model_type=model_type, device=args.device, dtype=args.dtype, **voice, **engine
         )
 
-    record = run_benchmark(load, settings, _pick_profiles(model_type, args.profiles), quality_gate=gate)
-    paths = write_reports(record, args.out or Path(f"bench-{model_type}"))
+    out = args.out or Path(f"bench-{model_type}")
+    profiles = _pick_profiles(model_type, args.profiles, args.cuda_graph_preset)
+    audio_dir = out / "audio" if args.save_audio else None
+    record = run_benchmark(load, settings, profiles, quality_gate=gate, audio_dir=audio_dir)
+    paths = write_reports(record, out)
     sys.stdout.write(markdown_table(record))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0

@@ -14,14 +14,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from voicehub.optimization import (
     OptimizationContext,
+    OptimizationError,
     OptimizationUnsupportedError,
     TTSOptimizationConfig,
     get_tts_optimization_support,
@@ -40,8 +42,12 @@ _TOGGLES = ("compile", "diffusion_cache", "diffusion_sampling")
 
 @dataclass(frozen=True)
 class Profile:
+    """An optimization config, and the engine configuration the model is loaded with for it
+    (`engine`: keyword arguments of the family's loader, e.g. {'cuda_graph_preset': 'full'})."""
+
     name: str
     config: TTSOptimizationConfig
+    engine: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class BenchSettings:
     n_reps: int = MIN_REPS
     min_audio_s: float = MIN_AUDIO_S
     language: str = "en"
+    params: dict[str, Any] = field(default_factory=dict)  # request parameters for generate()
 
     def __post_init__(self) -> None:
         if self.n_warmup < 1:
@@ -71,25 +78,35 @@ class BenchSettings:
         if not self.text.strip():
             raise ValueError("the benchmark text is empty")
 
-    def context(self) -> OptimizationContext:
-        return OptimizationContext(
-            "inference", self.device, self.dtype, self.gpu_arch, self.cuda_graph_preset
-        )
+    def context(self, profile: Profile | None = None) -> OptimizationContext:
+        preset = self.cuda_graph_preset
+        if profile is not None:
+            preset = profile.engine.get("cuda_graph_preset", preset)
+        return OptimizationContext("inference", self.device, self.dtype, self.gpu_arch, preset)
 
 
-def default_profiles(model_type: str) -> list[Profile]:
-    """eager, then each technique the family offers on its own, then auto."""
+def default_profiles(model_type: str, cuda_graph_preset: str | None = None) -> list[Profile]:
+    """eager, then each technique the family offers on its own, then auto.
+
+    With a CUDA-graph preset other than 'off' (engine configuration, for families that capture
+    graphs), eager still loads with 'off', a `cuda_graphs` profile isolates the graphs (eager
+    config, that preset), and every later profile loads with the preset too.
+    """
     support = get_tts_optimization_support(model_type)
     eager = TTSOptimizationConfig.eager()
-    profiles = [Profile("eager", eager)]
+    graphs = cuda_graph_preset not in (None, "off")
+    engine = {"cuda_graph_preset": cuda_graph_preset} if graphs else {}
+    profiles = [Profile("eager", eager, {"cuda_graph_preset": "off"} if graphs else {})]
+    if graphs:
+        profiles.append(Profile("cuda_graphs", eager, engine))
     singles = [("attn_implementation", v) for v in support.attention_implementations]
     singles += [("kernel_backend", v) for v in support.kernel_backends]
     singles += [(f, v) for f in _TOGGLES for v in getattr(support, f)]
-    for field, value in singles:
+    for name, value in singles:
         if value not in ("auto", "native", "disabled"):
-            cfg = TTSOptimizationConfig(**{**eager.to_dict(), field: value})
-            profiles.append(Profile(f"{field}={value}", cfg))
-    profiles.append(Profile("auto", TTSOptimizationConfig()))
+            cfg = TTSOptimizationConfig(**{**eager.to_dict(), name: value})
+            profiles.append(Profile(f"{name}={value}", cfg, engine))
+    profiles.append(Profile("auto", TTSOptimizationConfig(), engine))
     return profiles
 
 
@@ -162,7 +179,7 @@ def _measure(
     manifest = None
     if hasattr(model, "optimize"):
         apply_s, result = _timed(
-            lambda: model.optimize(profile.config, context=settings.context()), dev, timer
+            lambda: model.optimize(profile.config, context=settings.context(profile)), dev, timer
         )
         manifest = result.to_dict()
     elif profile.name != "eager":
@@ -170,7 +187,7 @@ def _measure(
     else:
         apply_s = 0.0
     dev.reset_peak()
-    speak = lambda: model.generate(settings.text, seed=settings.seed)  # noqa: E731
+    speak = lambda: model.generate(settings.text, seed=settings.seed, **settings.params)  # noqa: E731
     cold_s, _ = _timed(speak, dev, timer)
     for _ in range(settings.n_warmup - 1):
         speak()
@@ -183,6 +200,7 @@ def _measure(
         "name": profile.name,
         "status": "measured",
         "config": profile.config.to_dict(),
+        "engine": dict(profile.engine),
         "manifest": manifest,
         "apply_s": apply_s,
         "cold_latency_s": cold_s,
@@ -211,35 +229,44 @@ def _skipped(profile: Profile, exc: Exception) -> dict[str, Any]:
 
 
 def run_benchmark(
-    load_model: Callable[[], Any],
+    load_model: Callable[..., Any],
     settings: BenchSettings,
     profiles: list[Profile] | None = None,
     quality_gate: Any = None,
     timer: Callable[[], float] = time.perf_counter,
+    audio_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run every profile; returns the JSON-ready record (see report.py for the table and plot).
 
-    load_model() must return a fresh model on `settings.device`/`dtype`. The first profile must
-    be 'eager'. Raises ValueError when the eager audio is shorter than `min_audio_s`.
+    load_model(**profile.engine) must return a fresh model on `settings.device`/`dtype`. The first
+    profile must be 'eager'. Raises ValueError when the eager audio is shorter than `min_audio_s`.
+    audio_dir: also write each measured profile's audio there (`<profile>.wav`), so the quality
+    gate can score a GPU run later on the CPU (`score_saved_audio`). A profile whose optimization
+    fails to apply (e.g. a compile error) is recorded as failed with the error, and the rest go on.
     """
     profiles = profiles if profiles is not None else default_profiles(settings.model_type)
     if not profiles or profiles[0].name != "eager":
         raise ValueError("the first profile must be 'eager': every figure is compared with it")
-    dev, ctx = _Device(settings.device), settings.context()
+    dev = _Device(settings.device)
     rows, eager_audio = [], None
     for profile in profiles:
         try:
-            profile.config.resolve(settings.model_type, context=ctx)
+            profile.config.resolve(settings.model_type, context=settings.context(profile))
         except OptimizationUnsupportedError as exc:
             if profile.name == "eager":
                 raise
             rows.append(_skipped(profile, exc))
             continue
-        model = load_model()
+        model = load_model(**profile.engine)
         try:
             row, audio, rate = _measure(model, profile, settings, dev, timer)
         except OptimizationUnsupportedError as exc:
             rows.append(_skipped(profile, exc))
+            continue
+        except OptimizationError as exc:
+            if profile.name == "eager":
+                raise
+            rows.append({**_skipped(profile, exc), "status": "failed", "error_type": type(exc).__name__})
             continue
         finally:
             del model
@@ -253,6 +280,8 @@ def run_benchmark(
         elif quality_gate is not None:
             report = quality_gate.compare(eager_audio, audio, rate, settings.text)
             row["quality"] = report.to_dict()
+        if audio_dir is not None:
+            row["audio_file"] = _save_audio(Path(audio_dir), profile.name, audio, rate)
         rows.append(row)
     _compare(rows, rows[0])
     return {
@@ -262,3 +291,29 @@ def run_benchmark(
         "memory_definition": MEMORY_DEFINITION,
         "profiles": rows,
     }
+
+
+def _save_audio(folder: Path, name: str, audio: np.ndarray, rate: int) -> str:
+    import soundfile as sf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.wav"
+    sf.write(path, audio, rate, subtype="FLOAT")  # float: the gate sees the samples as generated
+    return path.name
+
+
+def score_saved_audio(record: dict[str, Any], audio_dir: str | Path, quality_gate: Any) -> dict[str, Any]:
+    """Score each profile's saved audio against eager's with the quality gate (on this machine,
+    typically the CPU after a GPU run); returns the record with a `quality` report per profile."""
+    import soundfile as sf
+
+    folder = Path(audio_dir)
+    rows = [r for r in record["profiles"] if r["status"] == "measured"]
+    eager, rate = sf.read(folder / rows[0]["audio_file"], dtype="float32")
+    text = record["settings"]["text"]
+    for row in rows[1:]:
+        audio, rate_c = sf.read(folder / row["audio_file"], dtype="float32")
+        if rate_c != rate:
+            raise ValueError(f"{row['audio_file']}: {rate_c} Hz, eager {rate} Hz")
+        row["quality"] = quality_gate.compare(eager, audio, rate, text).to_dict()
+    return record

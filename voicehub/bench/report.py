@@ -41,7 +41,7 @@ def markdown_table(record: dict[str, Any]) -> str:
     ]
     for r in record["profiles"]:
         if r["status"] != "measured":
-            lines.append(f"| {r['name']} | skipped: {r['reason']} | | | | | | | | | |")
+            lines.append(f"| {r['name']} | {r['status']}: {r['reason']} | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | measured | {r['cold_latency_s']:.3f} | {r['warm_latency_median_s']:.3f} "

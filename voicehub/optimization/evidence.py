@@ -4,7 +4,8 @@ One JSON file per (family, feature, technique, dtype, platform) measurement, kep
 voicehub/optimization/evidence/. Two kinds:
 - "exactness" (exact techniques only): output tensors' relative L2 error against eager within
   the rule's tolerance (<= 1e-2 fp16/bf16, <= 1e-3 fp32) and no token mismatch at any step where
-  eager's top-1/top-2 margin exceeds `margin_epsilon`;
+  eager's top-1/top-2 margin exceeds `margin_epsilon`; where the file also records `timing`
+  (eager_ms, optimized_ms of the same work), the technique must not be slower than eager;
 - "quality" (any technique; the only kind for approximate ones): the quality gate's reports of a
   fixed-seed comparison on a real checkpoint, under the gate's fixed thresholds.
 A file is loaded only if its recorded decision follows from its own numbers; otherwise
@@ -94,6 +95,12 @@ def _exactness_passes(data: dict[str, Any], where: str) -> bool:
                 where, f"tokens {t.get('name')!r}: a counted mismatch needs a first_divergence above epsilon"
             )
         passes = passes and n_bad == 0
+    timing = m.get("timing")
+    if timing is not None:  # optional: an exact technique that is slower than eager stays off
+        eager_ms, optimized_ms = float(timing["eager_ms"]), float(timing["optimized_ms"])
+        if not (eager_ms > 0 and optimized_ms > 0):
+            raise _fail(where, "timing needs eager_ms > 0 and optimized_ms > 0")
+        passes = passes and optimized_ms <= eager_ms
     return passes
 
 
