@@ -22,10 +22,14 @@ from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.ssl import HubertEncoder
 from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, load_t2s
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
+from voicehub.models.gpt_sovits.warmup import warm_up
+from voicehub.optimization.apply import OptimizationResult
+from voicehub.optimization.config import OptimizationContext, TTSOptimizationConfig
 from voicehub.runtime.cuda_graphs import GraphPreset
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.limits import check_text
 from voicehub.types import AudioChunk
+from voicehub.voices import VoiceNotFoundError
 
 MODEL_TYPE = "gpt-sovits-v3"
 log = logging.getLogger("voicehub.models.gpt_sovits")
@@ -129,6 +133,7 @@ class GptSovitsModel(TTSModel):
         )
         self._pipeline: Pipeline | None = None
         self._load_lock = threading.Lock()
+        self.warm_up_info: dict[str, Any] = {}  # what loading warmed up (warmup.py), and after optimize()
         if not lazy_load:
             self._load()
 
@@ -150,6 +155,7 @@ class GptSovitsModel(TTSModel):
             "cuda_graph_preset": self.cuda_graph_preset.value,
             "t2s_decode": self.t2s_decode_info,
             "text_frontend": self.text_frontend_info,
+            "warm_up": self.warm_up_info,
         }
 
     def optimization_targets(self) -> list:
@@ -185,7 +191,8 @@ class GptSovitsModel(TTSModel):
             with self._load_lock:
                 if self._pipeline is None:
                     self._load()
-                    self.apply_pending_optimization()
+                    if self.apply_pending_optimization() is not None:
+                        self._warm_up_kernels()
         assert self._pipeline is not None
         return self._pipeline
 
@@ -193,6 +200,32 @@ class GptSovitsModel(TTSModel):
         self._pipeline = build_pipeline(
             self.files, self.device, self.dtype, self.frontend, self.reference_cache, self.cuda_graph_preset
         )
+        # First-use costs (text frontend, the default voice's reference, GPU set-up) are paid here.
+        self.warm_up_info = {"load": warm_up(self._pipeline, self._load_time_voice())}
+
+    def _load_time_voice(self) -> Voice | None:
+        """The default voice if it resolves now; a registry name not there yet is left to requests."""
+        if self.default_voice is None:
+            return None
+        try:
+            return self.resolve_voice(self.default_voice)
+        except (VoiceNotFoundError, ValueError) as exc:
+            log.warning("default voice %r not warmed up at load: %s", self.default_voice, exc)
+            return None
+
+    def _warm_up_kernels(self) -> None:
+        # After an optimization: its kernels (Triton) build on first use; the frontend is warm already.
+        if self._pipeline is not None:
+            self.warm_up_info["optimize"] = warm_up(self._pipeline, self._load_time_voice(), text=False)
+
+    def optimize(
+        self, config: TTSOptimizationConfig, *, context: OptimizationContext | None = None
+    ) -> OptimizationResult:
+        """Apply `config` (see `OptimizableModelMixin.optimize`), then warm its kernels up on the
+        default voice (CUDA), so they are not built in the next request."""
+        result = super().optimize(config, context=context)
+        self._warm_up_kernels()
+        return result
 
     # -- requests --------------------------------------------------------------------------------
 

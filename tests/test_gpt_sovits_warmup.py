@@ -1,0 +1,79 @@
+"""Load-time warm-up of GPT-SoVITS v3 (warmup.py): the text frontend and the default voice's reference are
+built when the model loads, and a first request builds nothing more (tiny `make-checkpoint` set, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
+
+from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.warmup import voice_languages
+from voicehub.text.frontend import TextFrontend
+
+KW = dict(seed=0, force_n_tokens=8, speed=1.0)
+
+
+@pytest.fixture
+def built(monkeypatch) -> list[str]:
+    """The g2p languages every TextFrontend builds from now on, in order."""
+    languages: list[str] = []
+    build = TextFrontend._build
+
+    def recording(self, language):
+        languages.append(language)
+        return build(self, language)
+
+    monkeypatch.setattr(TextFrontend, "_build", recording)
+    return languages
+
+
+def test_load_builds_the_english_frontend_not_the_first_request(tiny_set, reference_wav, built):  # noqa: F811
+    model = load(tiny_set)
+    assert built == ["en"]
+    assert model.describe()["warm_up"]["load"]["g2p"] == ["en"]
+    english = model.frontend.g2p("en")
+    model.generate(
+        "A first request, with 2 numbers: 3.", voice=Voice(reference_wav, REFERENCE_TEXT, "en"), **KW
+    )
+    assert built == ["en"] and model.frontend.g2p("en") is english  # nothing was built in the request
+
+
+def test_lazy_load_warms_up_when_the_weights_load(tiny_set, built):  # noqa: F811
+    model = load(tiny_set, lazy_load=True)
+    assert built == []
+    model.pipeline  # noqa: B018 (reads the weights)
+    assert built == ["en"]
+
+
+def test_default_voice_warms_its_languages_and_reference(tiny_set, reference_wav, built):  # noqa: F811
+    voice = Voice(reference_wav, "你好，世界。今天天气很好。", "zh")
+    model = load(tiny_set, default_voice=voice)
+    assert sorted(built) == ["en", "zh"]
+    warm = model.describe()["warm_up"]["load"]
+    assert warm["reference"] and not warm["chain"]  # the chain runs on CUDA only
+    cache = model.reference_cache
+    assert (cache.misses, cache.hits) == (1, 0)
+    model.generate("你好。", **KW)  # the default voice
+    assert cache.misses == 1 and cache.hits >= 1
+    assert sorted(built) == ["en", "zh"]
+
+
+def test_an_unknown_default_voice_name_is_left_to_requests(tiny_set, built, caplog):  # noqa: F811
+    model = load(tiny_set, default_voice="nobody")  # no registry: a request naming no voice would raise
+    assert built == ["en"] and "not warmed up at load" in caplog.text
+    assert model.describe()["warm_up"]["load"]["reference"] is False
+
+
+@pytest.mark.parametrize(
+    "prompt, language, expect",
+    [
+        (REFERENCE_TEXT, "en", (["en"], [])),
+        ("你好，世界。", "all_zh", (["zh"], ["en"])),
+        ("你好 world。", "zh", (["en", "zh"], [])),
+        ("こんにちは、世界。", "ja", (["ja"], ["en"])),
+        ("你好，こんにちは。", "auto", (["ja", "zh"], ["en"])),
+    ],
+)
+def test_voice_languages(reference_wav, prompt, language, expect):  # noqa: F811
+    assert voice_languages(Voice(reference_wav, prompt, language)) == expect
+    assert voice_languages(None) == ([], ["en"])

@@ -1,0 +1,100 @@
+"""Load-time warm-up of GPT-SoVITS v3: first-use costs are paid when the model loads, not in a request.
+
+What a first request would otherwise pay, and where it moves:
+- the text frontend of each language (English loads its pronunciation dictionary, tokenizer, word
+  segmenter and GRU in ~5 s; Chinese its jieba dictionary in ~1.5 s): built and run on a short text
+  with numbers for the languages of the default voice's transcript, and English (every language mode
+  reads Latin letters as English, and requests default to `auto`); Chinese text also runs BERT;
+- the default voice's reference features (HuBERT, the quantizer, SoVITS's reference encoder): computed
+  into the reference cache;
+- on CUDA, with a default voice: one short sentence through both request paths (whole sentence, and
+  streamed through the decoder's `decode_iter`), so kernel loading, cuBLAS/cuDNN set-up, the T2S prefill,
+  the CFM and the vocoder have run once. Under the `lazy` graph preset this captures the graphs that
+  sentence uses. Run again after `optimize()`, whose kernels (Triton) build on first use.
+Without a default voice only the frontend is warmed: a voice's reference is computed by its first request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from voicehub.errors import MissingDependencyError
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.models.gpt_sovits.pipeline import Pipeline
+from voicehub.models.gpt_sovits.reference import Voice
+from voicehub.text.langseg import split_by_language
+from voicehub.text.options import Language
+
+log = logging.getLogger("voicehub.models.gpt_sovits")
+
+# g2p language -> (a short text with a number, whose reader also loads lazily; the mode that reads it)
+WARM_TEXTS = {
+    "en": ("At 12:30 the 3 apples cost $4.50.", Language.EN),
+    "zh": ("今天是2024年1月1日，天气很好。", Language.ALL_ZH),
+    "ja": ("今日は1月1日です。", Language.ALL_JA),
+    "ko": ("오늘은 1월 1일입니다.", Language.ALL_KO),
+    "yue": ("今日係1月1號。", Language.ALL_YUE),
+}
+WARM_TOKENS = 40  # semantic tokens of the GPU warm-up sentence (1.6 s of speech)
+
+
+def voice_languages(voice: Voice | None) -> tuple[list[str], list[str]]:
+    """(g2p languages the voice's transcript needs, others worth building: English unless needed)."""
+    needed = (
+        set()
+        if voice is None
+        else {s.lang for s in split_by_language(voice.prompt_text, voice.prompt_language)}
+    )
+    return sorted(needed), sorted({"en"} - needed)
+
+
+def warm_text(pipe: Pipeline, needed: list[str], optional: list[str]) -> list[str]:
+    """Build and run the frontend of each language; returns those built. A needed language whose
+    packages are missing raises (the voice cannot speak without it); an optional one is logged."""
+    built = []
+    for language in [*needed, *optional]:
+        text, mode = WARM_TEXTS[language]
+        try:
+            pipe.text_features(text, mode)
+        except MissingDependencyError as exc:
+            if language in needed:
+                raise
+            log.info(
+                "text frontend for %r not built at load (%s): such text would raise the same", language, exc
+            )
+            continue
+        built.append(language)
+    return built
+
+
+def warm_chain(pipe: Pipeline, voice: Voice) -> None:
+    """The voice's transcript as one sentence through the per-sentence path and the streamed path."""
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features(ref.prompt_text, voice.prompt_language)
+    if sentence is None:
+        return  # a transcript with nothing speakable is refused by pipe.reference already
+    params = GptSovitsParams.build(
+        "fast", force_n_tokens=WARM_TOKENS, stream_chunk_tokens=WARM_TOKENS // 2, seed=0
+    )
+    pipe.synthesize_sentence(ref, sentence, params, seed=0)
+    for _ in pipe.stream_sentence(ref, sentence, params, seed=0):
+        pass
+
+
+def warm_up(pipe: Pipeline, voice: Voice | None, *, text: bool = True) -> dict[str, Any]:
+    """Pay the first-use costs above now; returns what was done and how long it took (seconds).
+    text=False skips the frontend (after `optimize()`, where only the GPU kernels are new)."""
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"g2p": [], "reference": False, "chain": False}
+    if text:
+        report["g2p"] = warm_text(pipe, *voice_languages(voice))
+    if voice is not None:
+        pipe.reference(voice)
+        report["reference"] = True
+        if pipe.device.type == "cuda":
+            warm_chain(pipe, voice)
+            report["chain"] = True
+    report["seconds"] = time.perf_counter() - t0
+    return report
