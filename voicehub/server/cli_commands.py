@@ -30,6 +30,13 @@ def add_parsers(sub: Any) -> None:
         "--model", "-m", default=None, help="serve this model (name or path) as the default voice"
     )
     serve.add_argument("--cors", action="append", default=None, help="allow this browser origin (repeatable)")
+    serve.add_argument(
+        "--no-batching",
+        dest="batching",
+        action="store_false",
+        default=None,
+        help="one GPT-SoVITS stream at a time per model, no batching engine (single-stream latency tests)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     voices = sub.add_parser("voices", help="list, add, show or remove registry voices")
@@ -85,6 +92,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         data_dir=args.data_dir.expanduser() if args.data_dir else None,
         device=args.device,
         cors_origins=tuple(args.cors) if args.cors else None,
+        batching=args.batching,
     )
     if args.model:
         from dataclasses import replace

@@ -32,6 +32,7 @@ class Limits:
     max_reference_s: float = 10.0
     max_queue: int = 32  # requests waiting for the worker; one more gets 503
     max_active_streams: int = 1  # streams the worker interleaves chunk by chunk (1: one at a time)
+    max_batch_streams: int = 64  # GPT-SoVITS streams one batching engine decodes at once (its T2S rows)
     request_timeout_s: float = 120.0
     ws_idle_timeout_s: float = 300.0
     memory_budget_mb: float = 0.0  # loaded models' total; 0: no budget (never unload)
@@ -42,8 +43,10 @@ class Limits:
             value = getattr(self, f.name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"limits.{f.name} must be a non-negative number, got {value!r}")
-        if self.max_active_streams < 1 or self.max_queue < 1:
-            raise ConfigError("limits.max_active_streams and limits.max_queue must be at least 1")
+        if min(self.max_active_streams, self.max_queue, self.max_batch_streams) < 1:
+            raise ConfigError(
+                "limits.max_active_streams, limits.max_queue and limits.max_batch_streams must be at least 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class ServerConfig:
     voice_aliases: dict[str, str] = field(default_factory=dict)  # e.g. alloy -> en_US-joe-medium
     limits: Limits = field(default_factory=Limits)
     warmup_text: str = "Ready."
+    # GPT-SoVITS jobs run on batching stream engines; False keeps one stream at a time per model
+    # (`voicehub serve --no-batching`, for single-stream latency tests).
+    batching: bool = True
 
     @property
     def is_loopback(self) -> bool:
@@ -96,6 +102,8 @@ class ServerConfig:
                 f"refusing to listen on {self.host} without an API key: pass --api-key, set {API_KEY_ENV}, "
                 "or bind to 127.0.0.1"
             )
+        if not isinstance(self.batching, bool):
+            raise ConfigError(f"server.batching must be true or false, got {self.batching!r}")
         if any(len(k) < 8 for k in self.api_keys):
             raise ConfigError("API keys must be at least 8 characters")
 

@@ -49,7 +49,7 @@ class AppState:
         metrics = Metrics()
         pool = ModelPool(loader or (lambda spec: load_model(spec, config.device)), limits.memory_budget_mb)
         preload = [s for n, s in config.models.items() if s.preload or n == config.default_voice]
-        worker = Worker(pool, limits, metrics, preload, config.warmup_text)
+        worker = Worker(pool, limits, metrics, preload, config.warmup_text, batching=config.batching)
         return cls(config, registry, catalog, metrics, pool, worker)
 
 

@@ -5,8 +5,9 @@ The worker advances up to `max_active_streams` streams one chunk at a time (a st
 yet produced audio goes first), and checks each job's cancel flag and deadline before every
 chunk, so a client that leaves stops its work within one chunk.
 Interleaving needs families whose `stream` keeps its state in the generator; a family with one
-static cache per model must run with max_active_streams = 1 (the default). The batching scheduler
-of GPT-SoVITS replaces this loop for that family.
+static cache per model must run with max_active_streams = 1 (the default). With batching on, jobs
+for GPT-SoVITS models skip this loop: the worker hands them to the model's stream engine, which
+batches all its streams (server/batching.py), and steps every busy engine once per loop turn.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voicehub.models.base import TTSModel
+from voicehub.server.batching import BatchedStreams
 from voicehub.server.config import Limits, ModelSpec
 from voicehub.server.errors import (
     BadRequestError,
@@ -76,6 +78,10 @@ class Job:
         except RuntimeError:  # the handler's event loop is gone: nobody listens any more
             self.cancelled.set()
 
+    def finish(self, error: BaseException | None = None) -> None:
+        """From the worker thread: the end of the stream, or the error that ended it."""
+        self.push(_END if error is None else error)
+
     def cancel(self) -> None:
         self.cancelled.set()
 
@@ -117,8 +123,11 @@ class Worker:
         metrics: Metrics,
         preload: list[ModelSpec] | None = None,
         warmup_text: str = "",
+        batching: bool = False,
     ):
+        """batching: run GPT-SoVITS jobs on batching stream engines (server/batching.py)."""
         self.pool, self.limits, self.metrics = pool, limits, metrics
+        self.batched = BatchedStreams(pool, limits, metrics) if batching else None
         self._preload_specs = list(preload or [])
         self._warmup_text = warmup_text
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=limits.max_queue)
@@ -157,7 +166,10 @@ class Worker:
     def _preload(self) -> None:
         try:
             for spec in self._preload_specs:
-                self._warm_up(spec, self.pool.get(spec))
+                model = self.pool.get(spec)
+                if self._batches(model) and getattr(model, "is_runtime_loaded", True):
+                    self.batched.engine_for(spec, model)  # graph capture now, not on the first request
+                self._warm_up(spec, model)
             self.ready.set()
         except Exception as exc:  # the worker keeps serving models that do load; /ready says why not
             self.startup_error = f"preloading failed: {type(exc).__name__}: {exc}"
@@ -179,8 +191,14 @@ class Worker:
                 model.model_type,
             )
             return
+        if self._batches(model):
+            self.batched.warm_up(spec, model, self._warmup_text)
+            return
         for _ in model.stream(self._warmup_text):
             pass
+
+    def _batches(self, model: TTSModel) -> bool:
+        return self.batched is not None and self.batched.accepts(model)
 
     def _run(self) -> None:
         self._preload()
@@ -190,19 +208,25 @@ class Worker:
             self.heartbeat = time.monotonic()
             self._admit(active)
             self.metrics.queue_depth.set(self._queue.qsize())
-            self.metrics.active_streams.set(len(active))
+            n_batched = self.batched.n_streams if self.batched is not None else 0
+            self.metrics.active_streams.set(len(active) + n_batched)
             if active:
                 turn += 1
                 self._step(active, turn)
+            if self.batched is not None:
+                self.batched.step()
         for a in active:
             self._finish(a, active, CancelledError("the server is shutting down"))
+        if self.batched is not None:
+            self.batched.close(CancelledError("the server is shutting down"))
         while not self._queue.empty():
             self._queue.get_nowait().push(CancelledError("the server is shutting down"))
 
     def _admit(self, active: list[_Active]) -> None:
         while len(active) < self.limits.max_active_streams:
+            is_busy = active or (self.batched is not None and self.batched.is_busy)
             try:
-                job = self._queue.get(timeout=_IDLE_POLL_S) if not active else self._queue.get_nowait()
+                job = self._queue.get_nowait() if is_busy else self._queue.get(timeout=_IDLE_POLL_S)
             except queue.Empty:
                 return
             if job.cancelled.is_set():
@@ -210,9 +234,14 @@ class Worker:
                 continue
             try:
                 pinned = frozenset(a.job.spec.name for a in active)
+                if self.batched is not None:
+                    pinned |= self.batched.pinned()
                 model = self.pool.get(job.spec, pinned)
                 self.metrics.models_loaded.set(len(self.pool.loaded()))
                 params = job.params if job.speed is None else {**job.params, "speed": job.speed}
+                if self._batches(model):
+                    self.batched.submit(job, job.spec, model, params)
+                    continue
                 try:
                     chunks = iter(model.stream(job.text, voice=job.voice, seed=job.seed, **params))
                 except TypeError as exc:  # unknown parameter names: the caller's mistake, named by the family
