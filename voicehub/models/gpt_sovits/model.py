@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import SAMPLE_RATE, Pipeline
 from voicehub.models.gpt_sovits.reference import ReferenceCache, Voice
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3
-from voicehub.models.gpt_sovits.ssl import HubertEncoder
+from voicehub.models.gpt_sovits.ssl import HubertEncoder, import_transformers
 from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, load_t2s
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
-from voicehub.models.gpt_sovits.warmup import warm_up
+from voicehub.models.gpt_sovits.warmup import voice_languages, warm_text, warm_voice
 from voicehub.optimization.apply import OptimizationResult
 from voicehub.optimization.config import OptimizationContext, TTSOptimizationConfig
 from voicehub.runtime.cuda_graphs import GraphPreset
@@ -197,11 +198,22 @@ class GptSovitsModel(TTSModel):
         return self._pipeline
 
     def _load(self) -> None:
-        self._pipeline = build_pipeline(
-            self.files, self.device, self.dtype, self.frontend, self.reference_cache, self.cuda_graph_preset
-        )
-        # First-use costs (text frontend, the default voice's reference, GPU set-up) are paid here.
-        self.warm_up_info = {"load": warm_up(self._pipeline, self._load_time_voice())}
+        # First-use costs are paid here (warmup.py): the text frontend is built on a thread while the
+        # weights load (mostly Python against mostly I/O and copies), then the default voice warms up.
+        voice = self._load_time_voice()
+        import_transformers()  # before the thread: two threads importing big packages could meet in a cycle
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-text-warm-up") as pool:
+            text = pool.submit(warm_text, self.frontend, *voice_languages(voice))
+            self._pipeline = build_pipeline(
+                self.files,
+                self.device,
+                self.dtype,
+                self.frontend,
+                self.reference_cache,
+                self.cuda_graph_preset,
+            )
+            warmed = text.result()
+        self.warm_up_info = {"load": {**warmed, **warm_voice(self._pipeline, voice)}}
 
     def _load_time_voice(self) -> Voice | None:
         """The default voice if it resolves now; a registry name not there yet is left to requests."""
@@ -216,7 +228,7 @@ class GptSovitsModel(TTSModel):
     def _warm_up_kernels(self) -> None:
         # After an optimization: its kernels (Triton) build on first use; the frontend is warm already.
         if self._pipeline is not None:
-            self.warm_up_info["optimize"] = warm_up(self._pipeline, self._load_time_voice(), text=False)
+            self.warm_up_info["optimize"] = warm_voice(self._pipeline, self._load_time_voice())
 
     def optimize(
         self, config: TTSOptimizationConfig, *, context: OptimizationContext | None = None

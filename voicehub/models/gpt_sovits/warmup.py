@@ -4,9 +4,9 @@ What a first request would otherwise pay, and where it moves:
 - the text frontend of each language (English loads its pronunciation dictionary, tokenizer, word
   segmenter and GRU in ~5 s; Chinese its jieba dictionary in ~1.5 s): built and run on a short text
   with numbers for the languages of the default voice's transcript, and English (every language mode
-  reads Latin letters as English, and requests default to `auto`); Chinese text also runs BERT;
+  reads Latin letters as English, and requests default to `auto`), while the weights load;
 - the default voice's reference features (HuBERT, the quantizer, SoVITS's reference encoder): computed
-  into the reference cache;
+  into the reference cache (Chinese transcripts run BERT there);
 - on CUDA, with a default voice: one short sentence through both request paths (whole sentence, and
   streamed through the decoder's `decode_iter`), so kernel loading, cuBLAS/cuDNN set-up, the T2S prefill,
   the CFM and the vocoder have run once. Under the `lazy` graph preset this captures the graphs that
@@ -24,6 +24,7 @@ from voicehub.errors import MissingDependencyError
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.reference import Voice
+from voicehub.text.frontend import TextFrontend
 from voicehub.text.langseg import split_by_language
 from voicehub.text.options import Language
 
@@ -50,14 +51,16 @@ def voice_languages(voice: Voice | None) -> tuple[list[str], list[str]]:
     return sorted(needed), sorted({"en"} - needed)
 
 
-def warm_text(pipe: Pipeline, needed: list[str], optional: list[str]) -> list[str]:
-    """Build and run the frontend of each language; returns those built. A needed language whose
-    packages are missing raises (the voice cannot speak without it); an optional one is logged."""
+def warm_text(frontend: TextFrontend, needed: list[str], optional: list[str]) -> dict[str, Any]:
+    """Build and run the frontend of each language (it needs no weights: the model runs this while its
+    weights load). A needed language whose packages are missing raises (the voice cannot speak
+    without it); an optional one is logged. Returns {"g2p": languages built, "text_s": seconds}."""
+    t0 = time.perf_counter()
     built = []
     for language in [*needed, *optional]:
         text, mode = WARM_TEXTS[language]
         try:
-            pipe.text_features(text, mode)
+            frontend.segments(text, mode)
         except MissingDependencyError as exc:
             if language in needed:
                 raise
@@ -66,7 +69,7 @@ def warm_text(pipe: Pipeline, needed: list[str], optional: list[str]) -> list[st
             )
             continue
         built.append(language)
-    return built
+    return {"g2p": built, "text_s": time.perf_counter() - t0}
 
 
 def warm_chain(pipe: Pipeline, voice: Voice) -> None:
@@ -83,18 +86,12 @@ def warm_chain(pipe: Pipeline, voice: Voice) -> None:
         pass
 
 
-def warm_up(pipe: Pipeline, voice: Voice | None, *, text: bool = True) -> dict[str, Any]:
-    """Pay the first-use costs above now; returns what was done and how long it took (seconds).
-    text=False skips the frontend (after `optimize()`, where only the GPU kernels are new)."""
+def warm_voice(pipe: Pipeline, voice: Voice | None) -> dict[str, Any]:
+    """The voice's reference into the cache, and on CUDA the chain; returns what was done and the seconds."""
     t0 = time.perf_counter()
-    report: dict[str, Any] = {"g2p": [], "reference": False, "chain": False}
-    if text:
-        report["g2p"] = warm_text(pipe, *voice_languages(voice))
-    if voice is not None:
+    report = {"reference": voice is not None, "chain": voice is not None and pipe.device.type == "cuda"}
+    if report["reference"]:
         pipe.reference(voice)
-        report["reference"] = True
-        if pipe.device.type == "cuda":
-            warm_chain(pipe, voice)
-            report["chain"] = True
-    report["seconds"] = time.perf_counter() - t0
-    return report
+    if report["chain"]:
+        warm_chain(pipe, voice)
+    return {**report, "voice_s": time.perf_counter() - t0}
