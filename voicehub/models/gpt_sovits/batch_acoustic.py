@@ -129,8 +129,10 @@ def solve_pieces(estimator: DiT, pieces: Sequence[CfmPiece]) -> list[torch.Tenso
         prompt_x[i, :, :n_prompt] = p.prompt
         noise[i, :, : p.n_frames] = p.noise
         keep[i, :, n_prompt : p.n_frames] = 1
-    lengths = torch.tensor([p.n_frames for p in pieces], device=mu.device)
-    mask = None if bool((lengths == n).all()) else torch.arange(n, device=mu.device) < lengths[:, None]
+    mask = None  # no padding: one piece alone runs exactly `solve`'s computation
+    if any(p.n_frames < n for p in pieces):
+        lengths = torch.tensor([p.n_frames for p in pieces], device=mu.device)
+        mask = torch.arange(n, device=mu.device) < lengths[:, None]
     x = solve_padded(estimator, mu, prompt_x, keep, noise, n_steps, mask)
     return [x[i : i + 1, :, p.prompt.shape[1] : p.n_frames] for i, p in enumerate(pieces)]
 

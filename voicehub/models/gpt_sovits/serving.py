@@ -14,8 +14,9 @@ round, run by one thread (the server's GPU worker, or the thread of `start()`):
    the vocoder with left context, lookahead and a cross-fade). CFM pieces of many streams run as one
    batch, most urgent first: a stream's first chunk before anything else, then the stream closest to
    running dry (deadline = when its first chunk left + the audio it has received). While T2S rows
-   are busy, a round runs one such batch, and more only while the most urgent stream left is within
-   `urgent_s` of its deadline; each batch's vocoder windows run right after it, batched by length.
+   are busy, a round runs batches while the most urgent stream left is within `urgent_s` of its
+   deadline (or has no chunk yet), else one batch, or none while a new stream still waits for its
+   first window's tokens; each batch's vocoder windows run right after it, batched by length.
 Differences from `GptSovitsModel.stream`, on purpose: every request streams within sentences
 (`stream_chunk_tokens` defaults to the engine's `chunk_tokens`), and T2S sampling draws from per-row
 counter streams (runtime/row_rng.py), so a fixed seed gives other tokens than the single-stream path:
@@ -217,12 +218,21 @@ class StreamEngine:
             stream._end(error)
         for run in [*self._waiting, *self._runs]:
             self._end(run, error)
-        self.scheduler.pump()  # frees the cancelled rows
+        try:
+            self.scheduler.pump()  # frees the cancelled rows
+        except Exception:
+            log.exception("freeing the T2S rows failed")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
-            if not self.step():
+            try:
+                busy = self.step()
+            except Exception as error:  # a bug, not a bad request: every stream fails, the loop goes on
+                log.exception("stream engine round failed; ending every stream")
+                self.close(error)
+                busy = False
+            if not busy:
                 self._wake.wait(0.05)
 
     def _free_rows(self) -> int:
@@ -320,8 +330,11 @@ class StreamEngine:
             if not ready:
                 return
             head = ready[0]
-            if n_batches and not self.scheduler.is_idle and not head.is_urgent(now, self.config.urgent_s):
-                return  # T2S has work: nothing here is urgent enough to hold it up
+            if not self.scheduler.is_idle and not head.is_urgent(now, self.config.urgent_s):
+                # T2S has work and nothing here is urgent: one batch keeps the buffers growing, none
+                # while a new stream still waits for the tokens of its first window
+                if n_batches or any(r.stream.first_chunk_at is None for r in self._runs):
+                    return
             steps = head.sample_steps
             batch = [r for r in ready if r.sample_steps == steps][: self.config.max_cfm_batch]
             self._run_batch(batch)
