@@ -103,8 +103,9 @@ GPT_SOVITS_V3 = FamilyCapabilities(
             Feature.KERNELS,
             "triton",
             TechniqueKind.EXACT,
-            "Triton kernels: fused anti-aliased Snake (BigVGAN); T2S static-KV decode attention over "
-            "true lengths and residual + LayerNorm (CUDA-graph decoder)",
+            "Triton kernels: fused anti-aliased Snake (BigVGAN); the fused T2S decode step (three "
+            "kernels a layer: QKV + KV append, attention over true lengths + out-projection, FFN; "
+            "CUDA-graph decoder)",
             devices=CUDA_ONLY,
             distribution="triton",
         ),

@@ -1,10 +1,9 @@
 """The optimization layer's transforms for GPT-SoVITS v3: named, reversible, applied from outside.
 
 `kernel_backend` torch / triton routes BigVGAN's anti-aliased Snake through the kernel registry's
-implementation on that backend (`BigVGAN.set_activation_kernel`); triton also routes the T2S graph
-decoder's step attention and post-norm residual + LayerNorm through the registry's DECODE_ATTENTION
-and ADD_LAYER_NORM (`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and
-with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
+implementation on that backend (`BigVGAN.set_activation_kernel`); triton also runs the T2S graph
+decoder's layers through the registry's fused T2S_LAYER_STACK (`Pipeline.set_t2s_step_kernels`; the
+eager reference path, used on the CPU and with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
 code never picks a kernel: it calls whatever function its instance holds.
 The CFM schedule and step cache and compile are in techniques.py. Techniques that the family's
 capability record declares but that have no transform yet get a placeholder whose `validate()`
@@ -53,7 +52,7 @@ class KernelBackendTransform:
     def ops(self) -> tuple[str, ...]:
         """The registry ops this backend's transform routes."""
         if self.backend is KernelBackend.TRITON:
-            return (registry.ANTI_ALIAS_SNAKE, registry.DECODE_ATTENTION, registry.ADD_LAYER_NORM)
+            return (registry.ANTI_ALIAS_SNAKE, registry.T2S_LAYER_STACK)
         return (registry.ANTI_ALIAS_SNAKE,)
 
     def validate(self) -> None:
@@ -70,8 +69,8 @@ class KernelBackendTransform:
         pipe = self.model.pipeline  # reads the weights now if the model is lazy
         previous = pipe.vocoder.set_activation_kernel(kernels[registry.ANTI_ALIAS_SNAKE])
         undos: list[Undo] = [lambda: pipe.vocoder.set_activation_kernel(previous)]
-        if registry.DECODE_ATTENTION in kernels and pipe.t2s_decoder is not None:
-            step = StepKernels(kernels[registry.DECODE_ATTENTION], kernels[registry.ADD_LAYER_NORM])
+        if registry.T2S_LAYER_STACK in kernels and pipe.t2s_decoder is not None:
+            step = StepKernels(layer_stack=kernels[registry.T2S_LAYER_STACK])
             try:
                 previous_step = pipe.set_t2s_step_kernels(step)
             except BaseException:
