@@ -122,7 +122,8 @@ def text_tokens(kind: str, args) -> int:
 def expected_seconds(args, mix: dict[str, float]) -> float:
     """Mean audio seconds of a drawn text (tokens / 25 Hz / speed)."""
     speed = apply_preset(PRESET).speed  # FAST leaves speed to the preset
-    return sum(w * text_tokens(k, args) * SECONDS_PER_TOKEN / speed for k, w in mix.items())
+    total = sum(mix.values())
+    return sum(w / total * text_tokens(k, args) * SECONDS_PER_TOKEN / speed for k, w in mix.items())
 
 
 def submit(engine: StreamEngine, voice: Voice, kind: str, seed: int, args) -> Record:
@@ -249,21 +250,26 @@ def warm_up(engine: StreamEngine, voice: Voice, args) -> float:
     t0 = time.perf_counter()
     records = [submit(engine, voice, kind, seed=i, args=args) for i, kind in enumerate([*MIX, *MIX])]
     while not all(r.end is not None for r in records):
+        if time.perf_counter() - t0 > 300:
+            raise RuntimeError("the warm-up streams did not finish within 300 s")
         time.sleep(0.02)
+    failed = [r.error for r in records if r.error is not None]
+    if failed:
+        raise RuntimeError(f"warm-up streams failed: {failed}")
     return time.perf_counter() - t0
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levels", default="1,4,16,64,128")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per level")
-    p.add_argument("--drain", type=float, default=15.0, help="most seconds a level waits for streams after")
-    p.add_argument("--budget-s", type=float, default=360.0, help="skip levels that would end past this")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per level")
+    p.add_argument("--drain", type=float, default=10.0, help="most seconds a level waits for streams after")
+    p.add_argument("--budget-s", type=float, default=420.0, help="skip levels that would end past this")
     p.add_argument("--device", default="cuda")
     p.add_argument("--size", default="full")
     p.add_argument("--dtype", default=None, help="default float16 on CUDA, float32 on the CPU")
     p.add_argument("--profile", default="triton", help="full (graphs) or triton (graphs + Triton kernels)")
-    p.add_argument("--set-dir", type=Path, default=None, help="default /tmp/voicehub_set_SIZE")
+    p.add_argument("--set-dir", type=Path, default=None, help="default /tmp/gpt_sovits_v3_SIZE (e2e_bench's)")
     p.add_argument("--chunk-tokens", type=int, default=25)
     p.add_argument("--max-tokens", type=int, default=0, help="cap force_n_tokens (smoke runs)")
     p.add_argument("--mix", default=",".join(MIX), help="text kinds to draw from (of short,medium,long)")
@@ -285,7 +291,7 @@ def main() -> None:
     t_start = time.perf_counter()
     levels = [int(x) for x in args.levels.split(",")]
     mix = {k: MIX[k] for k in args.mix.split(",")}
-    set_dir, set_s = ensure_set(args.set_dir or Path(f"/tmp/voicehub_set_{args.size}"), args.size)
+    set_dir, set_s = ensure_set(args.set_dir or Path(f"/tmp/gpt_sovits_v3_{args.size}"), args.size)
     reference = write_reference(set_dir / "bench_reference.wav")
     t0 = time.perf_counter()
     model, manifest = load_profile(set_dir, args.device, args.dtype, args.profile, strict=False)
