@@ -5,23 +5,27 @@ fp16, one voice, batch 1, the issue-4 fast preset: punctuation cut, 4 CFM steps,
 temperature 0.6, fixed seed. Random weights never sample EOS, so every sentence decodes exactly
 force_n_tokens = max(MIN_TOKENS, round(TOKENS_PER_CHAR * characters)): about the 25 Hz token rate
 of speech read at ~17 characters per second. Each text is one sentence under the punctuation cut.
-Streaming modes (--windows): `sentence` (stream_chunk_tokens None: the first chunk is the whole
-sentence, so first audio grows with the text) and `windowN` (sub-sentence chunks of N semantic
-tokens: first audio should stop growing with the text's length). The first request and the
-subprocess use the last mode given.
+Streaming modes (--windows): `windowN` (stream_chunk_tokens N: true streaming, the first chunk leaves
+once the first N tokens are decoded and through SoVITS, the CFM and the vocoder, on the eager path
+step by step and on the graph decoder through `decode_iter`; first audio should not grow with the
+text's length) and `sentence` (stream_chunk_tokens None: the first chunk is the whole sentence, the
+reference path, shown for contrast). The first request and the subprocess use the first window given.
 
 Profiles, in this order in one process: `off` (eager reference), `full` (every decode bucket
-captured at load), `triton` (`full` + `optimize(kernel_backend="triton")`). Per profile: load
-time, the first request (cold: reference features, lazy plans), then warm time to the first
-AudioChunk of `model.stream` per text (median of --reps after --warmups), and the peak GPU
-memory since the profile's load. A later profile shares process-wide caches (cuBLAS handles,
-cuDNN plans) with earlier ones; the clean cold figure is the subprocess one: process start to
-first audio, in a fresh interpreter, with empty Triton/Inductor/CUDA caches (fresh temp dirs),
-then again with the same caches (warm). Every part is wrapped: a failure prints its error and
-the rest goes on.
+captured at load), `triton` (`full` + `optimize(kernel_backend="triton")`). Per profile: load time
+(the voice is the model's default_voice, so loading warms it up: text frontend, reference features,
+on CUDA one sentence through both paths; `warm_up` in the JSON), the peak GPU memory after load, the
+first request after load (what the warm-up left to pay), the first request with a voice never seen (its
+reference computed), then per mode and text the first run (a text length never seen) and the warm time
+to the first AudioChunk of `model.stream` (median of --reps after --warmups), and the peak GPU memory
+over the whole profile. A later profile shares process-wide caches (cuBLAS handles, cuDNN plans, the
+frontend's dictionaries) with earlier ones; the clean cold figure is the subprocess one: process start
+to first audio of a request naming its voice (no default voice, no chain warm-up), in a fresh
+interpreter, with empty Triton/Inductor/CUDA caches (fresh temp dirs), then again with the same caches
+(warm). Every part is wrapped: a failure prints its error and the rest goes on.
 
     python benchmarks/e2e_bench.py --out benchmarks/results/e2e_h200.json
-    python benchmarks/e2e_bench.py --device cpu --size tiny --warmups 0 --reps 1 --out /tmp/e2e_cpu.json  # smoke, ~1 min
+    python benchmarks/e2e_bench.py --device cpu --size tiny --warmups 0 --reps 1 --out /tmp/e2e_cpu.json  # smoke, ~2 min
 """
 
 from __future__ import annotations
@@ -67,12 +71,14 @@ def n_tokens(text: str) -> int:
     return max(MIN_TOKENS, round(TOKENS_PER_CHAR * len(text)))
 
 
-def write_reference(path: Path, seconds: float = 5.0, sample_rate: int = 24000) -> Path:
+def write_reference(
+    path: Path, seconds: float = 5.0, sample_rate: int = 24000, pitch_hz: float = 130.0
+) -> Path:
     """A speech-like stand-in for a reference clip (no phonemizer on the GPU machine): 8 harmonics
-    of a pitch gliding around 130 Hz, gated into ~4 syllables/s with two pauses; peak 0.5.
+    of a pitch gliding around pitch_hz, gated into ~4 syllables/s with two pauses; peak 0.5.
     The same kind of signal as tests/gpt_sovits_fixtures.write_synthetic_voice."""
     t = np.arange(int(round(seconds * sample_rate))) / sample_rate
-    f0 = 130 + 30 * np.sin(2 * np.pi * 0.35 * t) + 15 * np.sin(2 * np.pi * 1.7 * t + 1.0)  # Hz
+    f0 = pitch_hz + 30 * np.sin(2 * np.pi * 0.35 * t) + 15 * np.sin(2 * np.pi * 1.7 * t + 1.0)  # Hz
     phase = 2 * np.pi * np.cumsum(f0) / sample_rate
     voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
     syllables = np.clip(np.sin(2 * np.pi * 4.1 * t) + 0.3, 0.0, None) ** 0.7
@@ -99,15 +105,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def load_profile(set_dir: Path, device: str, dtype: str, profile: str, strict: bool = True):
-    """Load the set as `profile`; returns (model, optimization manifest or None). strict=False: a
-    triton transform that cannot apply leaves the graphs-only model and puts its error in the manifest."""
+def load_profile(set_dir: Path, device: str, dtype: str, profile: str, strict: bool = True, voice=None):
+    """Load the set as `profile` (voice: its default_voice, warmed up at load); returns (model,
+    optimization manifest or None). strict=False: a triton transform that cannot apply leaves the
+    graphs-only model and puts its error in the manifest."""
     from voicehub.models.gpt_sovits import load
 
     # No CUDA graphs off CUDA: there `full` and `triton` load eagerly (and triton then says why it cannot run).
     preset = "full" if profile == "triton" else profile
     preset = preset if device.startswith("cuda") else "off"
-    model = load(set_dir, device=device, dtype=dtype, cuda_graph_preset=preset)
+    model = load(set_dir, device=device, dtype=dtype, cuda_graph_preset=preset, default_voice=voice)
     manifest = None
     if profile == "triton":
         from voicehub.optimization.config import TTSOptimizationConfig
@@ -144,8 +151,10 @@ def first_audio(model, voice, text: str, device: str, window: int | None = None)
 
 
 def text_stats(model, voice, text: str, window: int | None, args) -> dict:
-    """Warm first audio of one text: --warmups unmeasured, then the median of --reps."""
-    for _ in range(args.warmups):
+    """First audio of one text: its first run (this text length never seen in this mode; it counts as
+    the first of --warmups), the other warm-ups unmeasured, then the median of --reps (warm)."""
+    first_run = first_audio(model, voice, text, args.device, window)["first_audio_ms"]
+    for _ in range(args.warmups - 1):
         first_audio(model, voice, text, args.device, window)
     runs = [first_audio(model, voice, text, args.device, window) for _ in range(args.reps)]
     times = sorted(r["first_audio_ms"] for r in runs)
@@ -153,6 +162,7 @@ def text_stats(model, voice, text: str, window: int | None, args) -> dict:
         "median_ms": times[len(times) // 2],
         "min_ms": times[0],
         "runs_ms": [r["first_audio_ms"] for r in runs],
+        "first_run_ms": first_run,
         "chunk_audio_s": runs[0]["chunk_audio_s"],
     }
 
@@ -170,8 +180,9 @@ def memory(device: str) -> dict:
     }
 
 
-def run_profile(profile: str, set_dir: Path, voice, args) -> dict:
-    """Load, first request, warm first-audio per text, peak memory for one profile."""
+def run_profile(profile: str, set_dir: Path, voices: tuple, args) -> dict:
+    """Load (warming up `voices[0]`), first requests, first audio per mode and text, peak memory."""
+    voice, new_voice = voices
     row: dict = {"profile": profile}
     model = None
     try:
@@ -180,11 +191,15 @@ def run_profile(profile: str, set_dir: Path, voice, args) -> dict:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        model, manifest = load_profile(set_dir, args.device, args.dtype, profile)
+        model, manifest = load_profile(set_dir, args.device, args.dtype, profile, voice=voice)
         row["load_s"] = time.perf_counter() - t0
+        row["memory_after_load"] = memory(args.device)  # weights + graphs + the warm-up's peak
         row["optimization"] = manifest
         row["describe"] = model.describe()
-        row["first_request"] = first_audio(model, voice, TEXTS["short"], args.device, args.windows[-1])
+        row["warm_up"] = row["describe"].get("warm_up")
+        short = TEXTS["short"]
+        row["first_request"] = first_audio(model, voice, short, args.device, args.stream_window)
+        row["first_request_new_voice"] = first_audio(model, new_voice, short, args.device, args.stream_window)
         row["first_audio"] = {}
         for window in args.windows:
             mode = window_name(window)
@@ -200,7 +215,7 @@ def run_profile(profile: str, set_dir: Path, voice, args) -> dict:
         gc.collect()
     print(
         "profile",
-        json.dumps({k: v for k, v in row.items() if k not in ("describe", "optimization")}),
+        json.dumps({k: v for k, v in row.items() if k not in ("describe", "optimization")}, default=str),
         flush=True,
     )
     return row
@@ -216,7 +231,7 @@ def child(args) -> None:
     row: dict = {"optimization_error": manifest.get("error")} if manifest else {}
     stamps["loaded"] = time.time()
     voice = Voice(args.reference, PROMPT_TEXT, "en")
-    row.update(first_audio(model, voice, TEXTS["short"], args.device, args.windows[-1]))
+    row.update(first_audio(model, voice, TEXTS["short"], args.device, args.stream_window))
     stamps["first_audio"] = time.time()
     row.update(stamps=stamps, memory=memory(args.device))
     print("CHILD " + json.dumps(row), flush=True)
@@ -253,17 +268,22 @@ def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
     return result
 
 
-def derived(rows: list[dict]) -> dict:
-    """Per profile: warm first audio as a ratio of the eager `off` profile's, and the first request's
-    penalty over the warm short text in the same streaming mode (ms)."""
+def derived(rows: list[dict], stream_mode: str) -> dict:
+    """Per profile: warm first audio as a ratio of the eager `off` profile's, and the penalties of the
+    first request after load, of a new voice and of a text length never seen, over the warm time of the
+    same text in the same mode (ms; the first two in `stream_mode`)."""
     ok = {r["profile"]: r for r in rows if "error" not in r}
     out: dict = {}
     for name, row in ok.items():
         modes = row["first_audio"]
-        last = list(modes)[-1]
+        warm_short = modes[stream_mode]["short"]["median_ms"]
         entry = {
-            "first_request_penalty_ms": row["first_request"]["first_audio_ms"]
-            - modes[last]["short"]["median_ms"]
+            "first_request_penalty_ms": row["first_request"]["first_audio_ms"] - warm_short,
+            "new_voice_penalty_ms": row["first_request_new_voice"]["first_audio_ms"] - warm_short,
+            "new_length_penalty_ms": {
+                m: {t: v["first_run_ms"] - v["median_ms"] for t, v in texts.items()}
+                for m, texts in modes.items()
+            },
         }
         if "off" in ok and name != "off":
             eager = ok["off"]["first_audio"]
@@ -304,6 +324,8 @@ def meta(args, set_seconds: float) -> dict:
         "warmups": args.warmups,
         "repetitions": args.reps,
         "timing": "host wall clock (perf_counter) from model.stream() to the first AudioChunk, median",
+        "voice": "the model's default_voice (warmed up at load); first_request_new_voice: a second synthetic "
+                 "reference (another pitch), never seen",
         "command": " ".join(["python", *sys.argv]),
     }  # fmt: skip
 
@@ -312,20 +334,26 @@ def profile_lines(row: dict) -> list[str]:
     """Table rows of one profile: one per streaming mode."""
     if "error" in row:
         return [f"{row['profile']:8} error: {row['error'].strip().splitlines()[-1]}"]
-    mem = row.get("memory") or {}
-    peak = f"{mem.get('peak_allocated_gib', float('nan')):9.2f} {mem.get('peak_reserved_gib', float('nan')):8.2f}"
+    nan = float("nan")
+    mem, loaded = row.get("memory") or {}, row.get("memory_after_load") or {}
+    peak = " ".join(
+        f"{m.get(k, nan):8.2f}" for m in (loaded, mem) for k in ("peak_allocated_gib", "peak_reserved_gib")
+    )
+    first = f"{row['first_request']['first_audio_ms']:9.1f} {row['first_request_new_voice']['first_audio_ms']:9.1f}"
     lines = []
     for mode, texts in row["first_audio"].items():
-        ms = " ".join(f"{texts[n]['median_ms']:10.1f}" for n in TEXTS)
-        first = row["first_request"]["first_audio_ms"]
-        lines.append(f"{row['profile']:8} {mode:10} {row['load_s']:7.1f} {first:10.1f} {ms} {peak}")
+        ms = " ".join(f"{texts[n]['median_ms']:9.1f}" for n in TEXTS)
+        lines.append(f"{row['profile']:8} {mode:9} {row['load_s']:6.1f} {first} {ms} {peak}")
     return lines
 
 
 def table(result: dict) -> str:
-    head = " ".join(f"{n + ' ms':>10}" for n in TEXTS)
+    head = " ".join(f"{n + ' ms':>9}" for n in TEXTS)
     lines = [
-        f"{'profile':8} {'stream':10} {'load s':>7} {'1st req ms':>10} {head} {'peak GiB':>9} {'rsv GiB':>8}"
+        "first audio, warm median ms per text; 1st req: the first request after load (voice warmed up at load), "
+        "new voice: a voice never seen; GiB: peak allocated/reserved after load, then over the profile",
+        f"{'profile':8} {'stream':9} {'load s':>6} {'1st req':>9} {'new voice':>9} {head} "
+        f"{'load GiB':>8} {'load rsv':>8} {'peak GiB':>8} {'peak rsv':>8}",
     ]
     for row in result["profiles"]:
         lines += profile_lines(row)
@@ -333,8 +361,9 @@ def table(result: dict) -> str:
     for kind in ("cold", "warm") if st else ():
         row = st.get(kind) or {}
         value = row.get("process_start_to_first_audio_s")
+        parts = " ".join(f"{k} {v:.2f}" for k, v in (row.get("breakdown_s") or {}).items())
         lines.append(f"process start to first audio ({st.get('profile')}, {kind} caches): "
-                     + (f"{value:.2f} s" if value is not None else "error"))  # fmt: skip
+                     + (f"{value:.2f} s ({parts})" if value is not None else "error"))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -351,8 +380,9 @@ def main() -> None:
     p.add_argument(
         "--startup-profile", default=None, help="default: triton on CUDA (full if not applicable), off on CPU"
     )
-    p.add_argument("--windows", dest="windows_arg", default="none,25",
-                   help="stream_chunk_tokens values to time, comma list; none: one chunk per sentence")  # fmt: skip
+    p.add_argument("--windows", dest="windows_arg", default="25,12,none",
+                   help="stream_chunk_tokens values to time, comma list (the first number: the first requests "
+                        "and the subprocess); none: one chunk per sentence")  # fmt: skip
     p.add_argument("--skip-startup", action="store_true")
     p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
     p.add_argument("--child-timeout", type=float, default=120.0)
@@ -363,6 +393,7 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     args.dtype = args.dtype or ("float16" if cuda else "float32")
     args.windows = [None if w == "none" else int(w) for w in args.windows_arg.split(",")]
+    args.stream_window = next((w for w in args.windows if w is not None), None)
     if args.child:
         child(args)
         return
@@ -371,6 +402,7 @@ def main() -> None:
     set_dir, set_seconds = ensure_set(args.set_dir or Path(f"/tmp/gpt_sovits_v3_{args.size}"), args.size)
     reference = write_reference(set_dir / "bench_ref.wav")
     voice = Voice(reference, PROMPT_TEXT, "en")
+    new_voice = Voice(write_reference(set_dir / "bench_ref_2.wav", pitch_hz=190.0), PROMPT_TEXT, "en")
     profiles = (args.profiles or ("off,full,triton" if cuda else "off,triton")).split(",")
     unknown = sorted(set(profiles) - set(PROFILES))
     if unknown:
@@ -378,8 +410,8 @@ def main() -> None:
     result: dict = {"meta": meta(args, set_seconds), "profiles": []}
     # No inference_mode around the model: the bench calls it as a user would.
     for profile in profiles:
-        result["profiles"].append(run_profile(profile, set_dir, voice, args))
-    result["derived"] = derived(result["profiles"])
+        result["profiles"].append(run_profile(profile, set_dir, (voice, new_voice), args))
+    result["derived"] = derived(result["profiles"], window_name(args.stream_window))
     if not args.skip_startup:
         profile = args.startup_profile or ("triton" if cuda else "off")
         result["startup"] = startup(profile, set_dir, reference, args)
