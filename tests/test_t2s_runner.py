@@ -155,9 +155,10 @@ def eos_likely(model):
     return model
 
 
-def check_iter_against_decode(model, eos_model, config, make_decoder, cases=ITER_CASES, one_row=True):
-    """For each case: decode_iter's items equal decode()'s result, and the eager reference's tokens
-    (when not one_row, a step draws noise for more rows than eager: greedy cases only)."""
+def check_iter_against_decode(model, eos_model, config, make_decoder, cases=ITER_CASES, eager_rows="all"):
+    """For each case: decode_iter's items equal decode()'s result, and the eager reference's tokens and
+    stop (eager_rows 'greedy': a step draws noise for more rows than eager, greedy cases only; 'none':
+    fp16, where eager's kernels may break near-ties the other way: decode() alone)."""
     for i, (params, reason) in enumerate(cases):
         net = eos_model if reason == StopReason.EOS else model
         decoder = make_decoder(net)
@@ -166,16 +167,17 @@ def check_iter_against_decode(model, eos_model, config, make_decoder, cases=ITER
             decoder.decode_iter(req) if hasattr(decoder, "decode_iter") else decode_iter(decoder, req)
         )
         (whole,) = decoder.decode([req])
-        eager = decode(net, req.phone_ids, req.bert, req.prompt_tokens, params)
         result = items[-1].result
         assert result is not None and all(item.result is None for item in items[:-1])
-        assert result.stop_reason == whole.stop_reason == reason, params
+        assert result.stop_reason == whole.stop_reason, params
         assert result.tokens.tolist() == whole.tokens.tolist(), params
         assert result.n_steps == whole.n_steps
-        if one_row or params.top_k == 1:
+        if eager_rows == "all" or (eager_rows == "greedy" and params.top_k == 1):
+            eager = decode(net, req.phone_ids, req.bert, req.prompt_tokens, params)
             assert (result.tokens.tolist(), result.stop_reason) == (eager.tokens.tolist(), eager.stop_reason)
+            assert result.stop_reason == reason, params
         streamed = torch.cat([item.tokens.cpu() for item in items]).tolist()
-        kept = [] if reason != StopReason.MAX_TOKENS else streamed[:1]  # the documented first token on a cap
+        kept = streamed[:1] if result.stop_reason == StopReason.MAX_TOKENS else []  # a cap keeps token 0
         assert streamed == kept + result.tokens.tolist(), params
         interval = decoder.engine.stop_check_interval
         assert all(len(item.tokens) == interval for item in items[:-1])  # one batch per stop check
@@ -204,7 +206,7 @@ def test_decode_iter_with_a_wider_batch_bucket_and_interval(ckpt):
         config,
         lambda m: T2SStaticDecoder(m, engine),
         [*ITER_CASES[2:4], ITER_CASES[5]],
-        one_row=False,
+        eager_rows="greedy",
     )
 
 
@@ -237,4 +239,4 @@ def test_decode_iter_on_graphs_fp16_gives_decode_results(ckpt, preset):
     model, config = load_t2s(ckpt, device="cuda", dtype="float16")
     eos_model = eos_likely(model)
     decoders = {id(m): T2SGraphDecoder(m, ENGINE, preset=preset) for m in (model, eos_model)}
-    check_iter_against_decode(model, eos_model, config, lambda m: decoders[id(m)])
+    check_iter_against_decode(model, eos_model, config, lambda m: decoders[id(m)], eager_rows="none")
