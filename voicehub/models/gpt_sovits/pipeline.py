@@ -261,7 +261,8 @@ class Pipeline:
     def token_batches(self, request: T2SRequest) -> Iterator[torch.Tensor]:
         """The sentence's semantic tokens as they are decoded, in batches [n] long on the device: one per
         stop check from the graph decoder's `decode_iter`, else one per step of the eager reference.
-        Where the decode ends on the cap, the first token is kept (see `decode_iter`)."""
+        Where the decode ends on the cap, the first token is kept (see `decode_iter`). The graph decoder
+        stays held between batches until the decode ends: closing the iterator early frees it."""
         with self._claim_decoder(request) as decoder:
             if decoder is not None:
                 for item in decoder.decode_iter(request):
