@@ -322,7 +322,7 @@ def test_cuda_graph_decoder_fused_greedy_tokens(size, tmp_path):
 def test_cuda_forward_step_full_size_fp16(tmp_path):
     _cuda()
     model, config = load_t2s(make_t2s_checkpoint(tmp_path / "t2s.ckpt", "full", seed=0), "cuda", "float16")
-    decoder = T2SStaticDecoder(model, StaticDecodeConfig(max_batch=2, max_seq_len=1024))
+    decoder = T2SStaticDecoder(model, StaticDecodeConfig(max_batch=2, max_seq_len=1024, kv_buckets=(1024,)))
     decoder._reset()
     for row, (n_phones, n_prompt) in enumerate([(80, 150), (40, 500)]):
         params = T2SSamplingParams(force_n_tokens=1)

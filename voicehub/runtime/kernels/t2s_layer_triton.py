@@ -57,7 +57,9 @@ class StackConfig:
 
 # (dim, ffn_dim, n_head, vocab) -> config. v3 T2S: ~100-130 programs per GEMV at one row (132 SMs),
 # each reading 16 KB of weights; 64-slot attention blocks give 16 heads x 12 blocks at 730 slots.
-CONFIGS = {(512, 2048, 16, 1025): StackConfig()}
+# H200 sweep (benchmarks/results/t2s_layer_h200.json): attn_block 32 and ffn_block 32 each beat the
+# defaults at one row (395 and 387 us per step vs 406)
+CONFIGS = {(512, 2048, 16, 1025): StackConfig(attn_block=32, ffn_block=32)}
 
 
 def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> StackConfig:
