@@ -234,9 +234,14 @@ class GptSovitsModel(TTSModel):
         self, config: TTSOptimizationConfig, *, context: OptimizationContext | None = None
     ) -> OptimizationResult:
         """Apply `config` (see `OptimizableModelMixin.optimize`), then warm its kernels up on the
-        default voice (CUDA), so they are not built in the next request."""
+        default voice (CUDA), so they are not built in the next request; a kernel that fails there
+        undoes the optimization and raises (a request would have failed the same way)."""
         result = super().optimize(config, context=context)
-        self._warm_up_kernels()
+        try:
+            self._warm_up_kernels()
+        except Exception:
+            self.restore_tts_optimization()
+            raise
         return result
 
     # -- requests --------------------------------------------------------------------------------
