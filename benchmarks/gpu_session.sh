@@ -26,7 +26,9 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
     # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
-    e2e) step e2e 330 python3 benchmarks/e2e_bench.py --out "$OUT/e2e_h200.json" ;;
+    e2e) step e2e 320 python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
+    streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
+      --budget-s 215 --out "$OUT/streams_h200.json" ;;
     batch) step t2s-batch 240 python3 benchmarks/t2s_batch_bench.py --reps 2 --out "$OUT/t2s_batch_h200.json" ;;
     vits) step vits 60 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
   esac
