@@ -13,10 +13,11 @@ round, run by one thread (the server's GPU worker, or the thread of `start()`):
    (SoVITS `decode_encp` on the prefix; CFM prompted by the full reference and the last frames made;
    the vocoder with left context, lookahead and a cross-fade). CFM pieces of many streams run as one
    batch, most urgent first: a stream's first chunk before anything else, then the stream closest to
-   running dry (deadline = when its first chunk left + the audio it has received). While T2S rows
-   are busy, a round runs batches while the most urgent stream left is within `urgent_s` of its
-   deadline (or has no chunk yet), else one batch, or none while a new stream still waits for its
-   first window's tokens; each batch's vocoder windows run right after it, batched by length.
+   running dry (deadline = when its first chunk left + the audio it has received). While T2S has
+   work (busy rows, or requests to admit), a round runs batches while the most urgent stream left
+   is within `urgent_s` of its deadline (or has no chunk yet), else one batch, or none while a new
+   stream still waits for its first window's tokens; each batch's vocoder windows run right after
+   it, batched by length. With no T2S work, a round runs every batch that is ready.
 Differences from `GptSovitsModel.stream`, on purpose: every request streams within sentences
 (`stream_chunk_tokens` defaults to the engine's `chunk_tokens`), and T2S sampling draws from per-row
 counter streams (runtime/row_rng.py), so a fixed seed gives other tokens than the single-stream path:
@@ -330,7 +331,8 @@ class StreamEngine:
             if not ready:
                 return
             head = ready[0]
-            if not self.scheduler.is_idle and not head.is_urgent(now, self.config.urgent_s):
+            has_t2s_work = not self.scheduler.is_idle or bool(self._inbox or self._waiting)
+            if has_t2s_work and not head.is_urgent(now, self.config.urgent_s):
                 # T2S has work and nothing here is urgent: one batch keeps the buffers growing, none
                 # while a new stream still waits for the tokens of its first window
                 if n_batches or any(r.stream.first_chunk_at is None for r in self._runs):
