@@ -223,3 +223,53 @@ def test_compile_auto_stays_off_without_evidence():
         .decision("compile")
     )
     assert d.is_native and "torch_compile" in d.reason
+
+
+@pytest.mark.gpu
+def test_cuda_short_schedule_and_step_cache_stay_graph_capturable(tiny_set):  # noqa: F811
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from voicehub.models.gpt_sovits.cfm import solve
+    from voicehub.models.gpt_sovits.sovits import load_sovits_v3
+
+    sovits = load_sovits_v3(tiny_set / "sovits.pth").to("cuda", torch.float16).eval()
+    est = sovits.cfm.estimator
+    est.set_schedule(dyadic_steps)
+    est.set_step_cache(StepCache())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mu = torch.randn(1, 120, sovits.arch.inter2, device="cuda", dtype=torch.float16, generator=g)
+    prompt = torch.randn(1, sovits.arch.mel_dim, 40, device="cuda", dtype=torch.float16, generator=g)
+    noise = torch.randn(1, sovits.arch.mel_dim, 120, device="cuda", dtype=torch.float16, generator=g)
+    with torch.inference_mode():
+        eager = solve(est, mu, prompt, noise, 8)
+        out = torch.empty_like(eager)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out.copy_(solve(est, mu, prompt, noise, 8))  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(solve(est, mu, prompt, noise, 8))
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav):  # noqa: F811
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = load(tiny_set, device="cuda", dtype="float16")
+    voice = Voice(reference_wav, REFERENCE_TEXT, "en")
+    native = _audio(model, voice)
+    model.optimize(TTSOptimizationConfig(compile="required"))  # inductor: compiles here
+    try:
+        compiled = _audio(model, voice)
+    finally:
+        model.restore_tts_optimization()
+    assert compiled.shape == native.shape and _rel(compiled, native) <= 1e-2

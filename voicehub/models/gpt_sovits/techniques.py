@@ -35,7 +35,8 @@ Undo = Callable[[], None]
 PREFIX = "gpt_sovits"
 STEP_CACHE = StepCache(interval=2, start_fraction=0.5)
 COMPILE_BACKEND = DEFAULT_BACKEND  # tests set 'aot_eager': inductor takes ~30 s per compile on a small CPU
-WARMUP_FRAMES = 16  # mel frames of the compile warm-up input (the code compiled is shape-generic)
+WARMUP_FRAMES = 128  # mel frames of the compile warm-up (shape-generic code; a typical size, so
+# size-dependent kernel choices guarded by the compiler hold for real chunks)
 
 
 def _estimator(model: GptSovitsModel) -> DiT:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 Undo = Callable[[], None]
 PREFIX = "vits"
 COMPILE_BACKEND = DEFAULT_BACKEND  # tests set 'aot_eager' (inductor is slow to compile on a small CPU)
-WARMUP_FRAMES = 16  # latent frames of the compile warm-up input (the code compiled is shape-generic)
+WARMUP_FRAMES = 256  # latent frames of the compile warm-up (shape-generic code; a typical size, so
+# size-dependent kernel choices guarded by the compiler hold for real sentences)
 
 
 @dataclass
