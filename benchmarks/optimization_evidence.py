@@ -234,7 +234,13 @@ def score(args) -> None:
 def gpt_set(args) -> Path:
     from voicehub.models.gpt_sovits.make_checkpoint import make_checkpoint_set
 
-    folder = args.set or (args.out / f"gpt-sovits-{args.size}")
+    if args.set is not None:  # made before, e.g. by `voicehub make-checkpoint gpt-sovits-v3 --size full`
+        if not args.set.is_dir():
+            raise FileNotFoundError(
+                f"--set {args.set} is not a folder; make it with voicehub make-checkpoint"
+            )
+        return args.set
+    folder = args.out / f"gpt-sovits-{args.size}"
     if not (folder / ".complete").exists():
         make_checkpoint_set(folder, args.size, seed=0, margin_tokens=0)
         (folder / ".complete").touch()

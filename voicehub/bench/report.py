@@ -19,7 +19,16 @@ def _quality_cell(row: dict[str, Any]) -> str:
     q = row.get("quality")
     if q is None:
         return "-"
-    return "accepted" if q["accepted"] else "rejected: " + "; ".join(q["reasons"])
+    verdict = "accepted" if q["accepted"] else "rejected: " + "; ".join(q["reasons"])
+    e, c = q.get("eager") or {}, q.get("candidate") or {}
+    facts = []
+    if e.get("error_rate") is not None and c.get("error_rate") is not None:
+        facts.append(f"{q.get('error_metric', 'wer').upper()} {c['error_rate'] - e['error_rate']:+.3f}")
+    if q.get("speaker_similarity") is not None:
+        facts.append(f"similarity {q['speaker_similarity']:.3f}")
+    if e.get("loudness_lufs") is not None and c.get("loudness_lufs") is not None:
+        facts.append(f"loudness {c['loudness_lufs'] - e['loudness_lufs']:+.2f} LU")
+    return verdict + (f" ({', '.join(facts)})" if facts else "")
 
 
 def markdown_table(record: dict[str, Any]) -> str:
