@@ -268,9 +268,9 @@ def gpt_model(args, folder: Path, preset: str):
 
 def _token_check(eager, fast) -> dict:
     """Greedy tokens of a path against eager's under the margin rule, up to the first divergence."""
-    margins = eager.decision_margins.float()
-    n = min(len(eager.tokens), len(fast.tokens))
-    differ = (eager.tokens[:n] != fast.tokens[:n]).nonzero()
+    margins, ref, got = eager.decision_margins.float().cpu(), eager.tokens.cpu(), fast.tokens.cpu()
+    n = min(len(ref), len(got))
+    differ = (ref[:n] != got[:n]).nonzero()
     first = int(differ[0]) if len(differ) else None
     upto = n if first is None else first + 1  # later steps follow a different history
     compared = int((margins[:upto] > MARGIN_EPSILON).sum())
