@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
+from bench_meta import tree_commit
 
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.bigvgan.model import vocode
@@ -163,7 +163,7 @@ def main() -> None:
         folder = make_bigvgan_folder(f"/tmp/bigvgan_{args.size}", args.size, seed=0)
         vocoder = load_bigvgan(folder).to(dev, dtype).eval()
         result["bigvgan"] = bigvgan_rows(vocoder, dev, dtype, args)
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = tree_commit()
     result["meta"] = {
         "benchmark": "acoustic_cfm_bigvgan",
         "machine": {

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
+from bench_meta import tree_commit
 
 TEXTS = {
     "short": "This is a short test sentence.",
@@ -303,7 +304,7 @@ def meta(args, set_seconds: float) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = tree_commit()
     cuda = args.device.startswith("cuda")
     return {
         "benchmark": "gpt_sovits_v3_end_to_end",

@@ -5,6 +5,7 @@
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export VOICEHUB_COMMIT="${VOICEHUB_COMMIT:-}"  # the lead passes the checkout's HEAD (the copy's .git may lag)
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi

@@ -21,13 +21,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_meta import tree_commit
 
 from voicehub.runtime.kernels import t2s_layer as ref
 
@@ -212,7 +212,7 @@ def print_table(results: list[dict], base, n_layer: int) -> None:
 
 
 def meta(args) -> dict:
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = tree_commit()
     import triton
 
     return {

