@@ -2,8 +2,9 @@
 
 Workload (issue 4): full-size random v3 weights made here by make_t2s_checkpoint, a prompt of
 80 phonemes + 150 semantic tokens, N decoded tokens with EOS suppressed, one stream.
-The `graphs_fused` path is the graph decoder with the fused Triton layer stack (StepKernels.layer_stack,
-registry op t2s_layer_stack). Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
+The `graphs_fused` path is the graph decoder with the full Triton step (StepKernels.layer_stack, registry
+op t2s_layer_stack, and StepKernels.sampler, op t2s_sample_step); `graphs_fused_layers` has the layer stack
+only (torch sampling). Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
 and eager's margin there for the decision it actually took (DecodeResult.decision_margins: the
 logit top-1/top-2 margin on argmax steps, the race margin log r1 - log r2 of probs/q on sampled
 steps); a divergence passes the margin rule only where that margin is within its epsilon
@@ -100,13 +101,13 @@ def compare(ref: DecodeResult, got: torch.Tensor) -> dict:
 
 def divergence_line(name: str, path: str, row: dict) -> str:
     if row["first_divergence"] is None:
-        return f"{name:8} {path:12} identical ({row['lengths'][0]} tokens)"
+        return f"{name:8} {path:19} identical ({row['lengths'][0]} tokens)"
     where = f"first divergence at token {row['first_divergence']} (step {row.get('step')})"
     if "decision" not in row:
-        return f"{name:8} {path:12} {where}, no eager margin there: FAIL"
+        return f"{name:8} {path:19} {where}, no eager margin there: FAIL"
     verdict = "pass" if row["passes_margin_rule"] else "FAIL"
     return (
-        f"{name:8} {path:12} {where}: {row['decision']} margin {row['eager_decision_margin_there']:.4f}"
+        f"{name:8} {path:19} {where}: {row['decision']} margin {row['eager_decision_margin_there']:.4f}"
         f" (logit margin {row['eager_logit_margin_there']:.4f}, epsilon {row['epsilon']}): {verdict}"
     )
 
@@ -198,14 +199,19 @@ def main() -> None:
     lazy = T2SGraphDecoder(model, engine, preset="lazy" if on_gpu else "off")
     result["capture_full_s"] = capture_s
     result["n_graphs_full"] = len(graphs.graphs.captured_buckets)
+    layers_only = T2SGraphDecoder(model, engine, preset="full" if on_gpu else "off")
+    layer_kernels = StepKernels(layer_stack=registry.resolve(registry.T2S_LAYER_STACK, "triton", dev))
+    _, result["capture_fused_layers_s"] = timed(lambda: layers_only.set_step_kernels(layer_kernels))
     fused = T2SGraphDecoder(model, engine, preset="full" if on_gpu else "off")
-    fused_kernels = StepKernels(layer_stack=registry.resolve(registry.T2S_LAYER_STACK, "triton", dev))
+    sampler = registry.resolve(registry.T2S_SAMPLE_STEP, "triton", dev)
+    fused_kernels = StepKernels(layer_stack=layer_kernels.layer_stack, sampler=sampler)
     _, result["capture_fused_s"] = timed(lambda: fused.set_step_kernels(fused_kernels))  # compiles, captures
     rows = [
         speed("eager", lambda: decode(model, phones, bert, prompt, greedy), n, args.reps),
         speed("static_kv", lambda: static.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_lazy", lambda: lazy.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_full", lambda: graphs.decode([reqs["greedy"]]), n, args.reps),
+        speed("graphs_fused_layers", lambda: layers_only.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_fused", lambda: fused.decode([reqs["greedy"]]), n, args.reps),
     ]
     result["speed"] = rows
@@ -225,6 +231,7 @@ def main() -> None:
             },
             "static_kv": compare(ref, static.decode([req])[0].tokens),
             "graphs_full": compare(ref, graphs.decode([req])[0].tokens),
+            "graphs_fused_layers": compare(ref, layers_only.decode([req])[0].tokens),
             "graphs_fused": compare(ref, fused.decode([req])[0].tokens),
         }
     result["exactness"] = exact
@@ -234,16 +241,17 @@ def main() -> None:
         model, fused, reqs["greedy"], ref.tokens, fused_kernels
     )
     result["meta"] = meta(args, make_s, load_s, time.perf_counter() - t_start)
-    print(f"{'path':12} {'first_req_s':>11} {'warm_s':>8} {'tok/s':>8}")
+    print(f"{'path':19} {'first_req_s':>11} {'warm_s':>8} {'tok/s':>8}")
     for r in rows:
         print(
-            f"{r['path']:12} {r['first_request_s']:11.3f} {r['warm_median_s']:8.3f} {r['tokens_per_s']:8.0f}"
+            f"{r['path']:19} {r['first_request_s']:11.3f} {r['warm_median_s']:8.3f} {r['tokens_per_s']:8.0f}"
         )
     print("capture (full preset):", round(capture_s, 3), "s;", result["n_graphs_full"], "graphs")
-    print("fused stack: compile + capture", round(result["capture_fused_s"], 3), "s")
+    print("fused layers: compile + capture", round(result["capture_fused_layers_s"], 3), "s")
+    print("fused step: compile + capture", round(result["capture_fused_s"], 3), "s")
     print("exactness against eager (margin rule: divergence only where eager's decision margin <= epsilon):")
     for name, row in exact.items():
-        for path in ("static_kv", "graphs_full", "graphs_fused"):
+        for path in ("static_kv", "graphs_full", "graphs_fused_layers", "graphs_fused"):
             print(" ", divergence_line(name, path, row[path]))
     print("teacher-forced:", result["teacher_forced_logits_graph_vs_eager"])
     print("teacher-forced fused:", result["teacher_forced_logits_fused_vs_eager"])

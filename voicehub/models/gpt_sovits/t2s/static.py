@@ -91,11 +91,16 @@ class StepKernels:
     (both post-norm residuals of each layer);
     layer_stack: T2S_LAYER_STACK `f(x [B, D], StackWeights, k, v [L, B, H, S, Dh], lengths [B], n_slots)
     -> logits [B, V]` (every layer and the head, writing K/V at slot lengths; when set, the step
-    calls it instead of the layers, and attention / add_layer_norm are not used)."""
+    calls it instead of the layers, and attention / add_layer_norm are not used);
+    sampler: SAMPLE_STEP `f(logits [B, V'], q [B, >= V'], buf, state, lengths | None, *, eos, n_blocked,
+    max_steps) -> tokens [B]` (the sampling chain, the stop logic and the state updates of
+    `sample_step`, plus the KV-length and position advance of `decode_step`, in one op; the noise q
+    is still drawn by torch, so the RNG stream is unchanged)."""
 
     attention: Callable[..., torch.Tensor] | None = None
     add_layer_norm: Callable[..., torch.Tensor] | None = None
     layer_stack: Callable[..., torch.Tensor] | None = None
+    sampler: Callable[..., torch.Tensor] | None = None
 
 
 NATIVE_KERNELS = StepKernels()
@@ -240,6 +245,32 @@ def sample_step(
     return tokens
 
 
+def fused_sample_step(
+    model: T2SModel,
+    state: DecodeState,
+    logits: torch.Tensor,
+    buf: SamplingBuffers,
+    generator: torch.Generator | None,
+    drop_eos: bool,
+    noise: torch.Tensor | None,
+    sampler: Callable[..., torch.Tensor],
+    cache: StaticKVCache | None = None,
+) -> torch.Tensor:
+    """`sample_step` through the SAMPLE_STEP op (plus `decode_step`'s advance of the cache and the
+    positions when `cache` is given). logits: [B, V] -> tokens [B]. The noise is drawn here exactly as
+    `sampling.draw` draws it (same shape and dtype from the same generator), or is the given `noise`."""
+    eos = model.config.eos
+    if drop_eos:
+        logits = logits[:, :eos]
+    if noise is None:  # what `torch.empty_like(probs).exponential_` draws: probs is [B, V'] in logits' dtype
+        noise = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        noise.exponential_(1, generator=generator)
+    lengths = cache.lengths if cache is not None else None
+    return sampler(
+        logits, noise, buf, state, lengths, eos=eos, n_blocked=EOS_BLOCKED_STEPS, max_steps=MAX_DECODE_STEPS
+    )
+
+
 def decode_step(
     model: T2SModel,
     cache: StaticKVCache,
@@ -256,6 +287,10 @@ def decode_step(
     (the fused-op functions, `StepKernels`) are static choices of the host, one captured graph per
     combination."""
     logits = forward_step(model, cache, state.tokens, state.audio_pos, n_slots, kernels)
+    if kernels.sampler is not None:
+        return fused_sample_step(
+            model, state, logits, buf, generator, drop_eos, noise, kernels.sampler, cache
+        )
     live = ~state.done  # rows that consumed a slot this step
     tokens = sample_step(model, state, logits, buf, generator, drop_eos, noise)
     cache.advance(live)
