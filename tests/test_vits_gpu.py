@@ -27,7 +27,9 @@ def voices():
         pytest.skip("needs a CUDA GPU")
     path = resolve("en_US-joe-medium")
     if path is None:
-        pytest.fail("the en_US-joe-medium voice package is not installed here (see ASSETS.md; carry its wheel)")
+        pytest.fail(
+            "the en_US-joe-medium voice package is not installed here (see ASSETS.md; carry its wheel)"
+        )
     return load(path), load(path, device="cuda"), load(path, device="cuda", dtype="fp16")
 
 
