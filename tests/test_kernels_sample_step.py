@@ -189,3 +189,82 @@ def test_decoder_with_the_fused_sampler_equals_eager(kernel, tiny, name, layers)
     eager = decode(model, req.phone_ids, req.bert, req.prompt_tokens, req.params)
     assert got.tokens.tolist() == eager.tokens.tolist() and got.stop_reason == eager.stop_reason
     assert len(set(eager.tokens.tolist())) > 1  # non-degenerate: the comparison can fail
+
+
+def test_row_engine_with_per_row_noise_equals_native(kernel, tiny):
+    # T2SRowEngine passes row_rng's float32 noise: the fused sampler races against it as `draw` does
+    from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
+    from voicehub.runtime.scheduler import ContinuousScheduler
+
+    model, config = tiny
+    engine = StaticDecodeConfig(max_batch=2, max_seq_len=64, kv_buckets=(32, 48), stop_check_interval=4)
+    params = [PARAMS["seeded"], T2SSamplingParams(seed=2, top_k=8, top_p=0.8, max_new_tokens=12)]
+    reqs = [T2SRequest(*random_prompt(config, 9 + 4 * i, 12 + 3 * i, i), p) for i, p in enumerate(params)]
+    results = {}
+    for name, kernels in (("native", None), ("fused", StepKernels(sampler=kernel))):
+        rows = T2SRowEngine(model, engine, preset="off")
+        if kernels is not None:
+            rows.set_step_kernels(kernels)
+        sched = ContinuousScheduler(rows)
+        handles = [sched.submit(r) for r in reqs]
+        sched.run_until_idle()
+        results[name] = [h.result().tokens.tolist() for h in handles]
+    assert results["fused"] == results["native"]
+    assert all(len(set(t)) > 1 for t in results["native"])
+
+
+# -- CUDA -----------------------------------------------------------------------------------------
+
+
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return registry.resolve(T2S_SAMPLE_STEP, "triton", "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("drop_eos", [False, True])
+def test_cuda_kernel_matches_the_definition(dtype, drop_eos):
+    # v3's vocabulary, 64 rows of ROWS' kinds. fp16 may differ from torch's CUDA kernels only at
+    # near-ties (another summation order); the rows where tokens differ must be few and the
+    # state of every row must follow its own token
+    kernel = _cuda()
+    rows = ROWS * 9 + ROWS[:1]
+    logits, buf, state, lengths = step_inputs(1025, dtype, seed=11, device="cuda", rows=rows)
+    logits = logits[:, :1024] if drop_eos else logits
+    q = noise(logits.shape, dtype).cuda()
+    want = run(sample_step_reference, logits, q, buf, state, lengths, 1024)
+    got = run(kernel, logits, q, buf, state, lengths, 1024)
+    differ = (got[0] != want[0]).nonzero().flatten().tolist()
+    if dtype == torch.float32:
+        assert not differ
+    assert len(differ) <= 1, differ
+    same = [r for r in range(len(rows)) if r not in differ]
+    for name in STATE:
+        assert torch.equal(getattr(got[2], name)[same], getattr(want[2], name)[same]), name
+    assert torch.equal(got[1].seen[same], want[1].seen[same]) and torch.equal(got[3][same], want[3][same])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cuda_graph_decoder_fused_step_tokens(dtype, tmp_path):
+    from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
+
+    kernel = _cuda()
+    model, config = load_t2s(make_t2s_checkpoint(tmp_path / "t2s.ckpt", "tiny", seed=0), "cuda", dtype)
+    engine = StaticDecodeConfig(max_batch=1, max_seq_len=512, kv_buckets=(256,))
+    decoder = T2SGraphDecoder(model, engine, preset="full")
+    stack = registry.resolve(T2S_LAYER_STACK, "triton", "cuda")
+    decoder.set_step_kernels(StepKernels(layer_stack=stack, sampler=kernel))
+    for params in (T2SSamplingParams.greedy(force_n_tokens=200), PARAMS["seeded"], PARAMS["eos"]):
+        req = T2SRequest(*random_prompt(config, 30, 60, 0), params)
+        got = decoder.decode([req])[0].tokens.tolist()
+        eager = decode(model, req.phone_ids, req.bert, req.prompt_tokens, req.params)
+        want = eager.tokens.tolist()
+        first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+        if dtype == "float32" or first is None:
+            assert got == want
+        else:  # fp16: a divergence only at a near-tie of eager's own decision (decode.py's margins)
+            step = first + (1 if eager.stop_reason == "max_tokens" else 0)
+            assert float(eager.decision_margins[step]) <= 0.1, (first, float(eager.decision_margins[step]))

@@ -19,8 +19,8 @@ argmax(probs / q) (`runtime/sampling.py`), then stop decisions: EOS (the token, 
 penalized logits, is EOS and the row is not blocked), the cap (forced rows after cap tokens, others
 after cap + 1 or at the last step), out[row, step] written for live rows, stop_step / stop_eos /
 done set where a live row stops, seen and tokens updated for every row, step advanced for rows not
-done after it. `sample_step_reference` is the definition; it is `sampling.sample` followed by the
-T2S decoder's state update (`static.sample_step`, held equal to it by the tests).
+done after it. `sample_step_reference` is the definition: `sampling`'s penalty, filters and race
+followed by the T2S decoder's state update (`static.sample_step`, held equal to it by the tests).
 """
 
 from __future__ import annotations

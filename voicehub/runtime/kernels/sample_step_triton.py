@@ -4,13 +4,14 @@
 The torch chain is ~45 small kernels (two sorts, a scatter, softmaxes, the race, a dozen state
 updates); at one row each costs its launch, so they take about a third of a graphed T2S step.
 
-Differences from the definition, by construction:
-- the candidate set is a threshold instead of a scatter of sorted positions: top-p keeps
-  penalized >= sorted[m - 1], m = max(1, #(cum <= top_p)) sorted entries kept, and top-k keeps
-  t >= t_sorted[k - 1] as torch does. Where a token ties the last kept value exactly (top-p cut),
-  torch keeps the ones its sort put first and this kernel keeps all of them; such a step is a
-  near-tie with boundary margin 0 (`decode.boundary_margin`).
-- sums (softmaxes, the cumulative sum) add in another order than torch's kernels; every value torch
+No sort: both cuts are thresholds found by bisection over the float order (the top 19 bits of a
+float32 key in float16, 32 in float32, one block reduction per bit): top-p keeps the tokens whose
+tail sum (the probabilities of tokens at or above them, torch's cumsum over the sorted row) is
+<= top_p, the top token always; top-k keeps the temperature-scaled values >= the k-th largest kept
+value scaled, as torch compares them. Differences from the definition, by construction:
+- where tokens tie exactly at the top-p cut, torch keeps the ones its sort put first, this kernel
+  all or none of them; such a step is a near-tie with boundary margin 0 (`decode.boundary_margin`);
+- sums (softmaxes, the tail sums) add in another order than torch's kernels; every value torch
   stores in the logits' dtype is rounded to it here too (`.to(dtype).to(tl.float32)`), so results
   in float16 differ only where a rounding lands on the other side of a cut or a race (near-ties).
 Divisions are correctly rounded (`div_rn`) as torch's are; exp is Triton's.
