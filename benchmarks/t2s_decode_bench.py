@@ -21,12 +21,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from bench_meta import tree_commit
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import (
@@ -261,7 +261,7 @@ def main() -> None:
 
 
 def meta(args, make_s, load_s, total_s) -> dict:
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = tree_commit()
     return {
         "benchmark": "t2s_decode",
         "machine": {
@@ -289,7 +289,7 @@ def meta(args, make_s, load_s, total_s) -> dict:
             "logit": EPSILON_LOGIT,
             "logit_meaning": "argmax steps: eager's top-1 minus top-2 penalized logit (logit units)",
             "race": EPSILON_RACE,
-            "race_meaning": "sampled steps: log r1 - log r2 of eager's race r = probs / q (natural log)",
+            "race_meaning": "sampled steps: min of eager's race margin (log r1 - log r2, r = probs / q) and the top-k/top-p cut margins, natural log (decode.boundary_margin)",
         },
         "make_checkpoint_s": make_s,
         "load_s": load_s,
