@@ -22,8 +22,14 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 for part in ${PARTS:-t2s acoustic vits kernels tests}; do
   case $part in
     tests) step gpu-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -l "mark.gpu" tests/test_*.py) ;;
+    # the tests of this session's new GPU code only (fits beside t2s and evidence in one call)
+    newtests) step gpu-tests-new 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_sample_step.py \
+      tests/test_kernels_t2s_layer.py tests/test_gpt_sovits_serving_gpu.py tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py ;;
+    evidence) step gpt-evidence 170 bash -c 'python3 -m voicehub.cli make-checkpoint gpt-sovits-v3 --size full --out /tmp/v3full \
+      --margin-tokens 0 >/dev/null && python3 benchmarks/optimization_evidence.py --parts gpt-evidence --set /tmp/v3full \
+      --install-evidence --out "$OUT"' ;;
     layer) step t2s-layer 130 python3 benchmarks/t2s_layer_bench.py --out "$OUT/t2s_layer_h200.json" ;;
-    t2s) step t2s-decode 200 python3 benchmarks/t2s_decode_bench.py --reps 2 --out "$OUT/t2s_decode_h200.json" ;;
+    t2s) step t2s-decode 180 python3 benchmarks/t2s_decode_bench.py --reps 2 --out "$OUT/t2s_decode_h200.json" ;;
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
     # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
