@@ -47,7 +47,12 @@ class AutoModelForTextToSpeech:
             family, path = find_family_for_files(kwargs), None
         else:
             family, path = find_family(name_or_path)
-        model = family.load(path, device=device, dtype=dtype, lazy_load=lazy_load, **kwargs)
-        # None: nothing to do; with lazy_load the policy is applied when the weights load.
+        # With a config the weights are read after it is set pending, so a family applies it as part of its
+        # load (GPT-SoVITS: before capturing graphs and warming up) instead of loading, then redoing work.
+        defer = optimization_config is not None and not lazy_load
+        model = family.load(path, device=device, dtype=dtype, lazy_load=lazy_load or defer, **kwargs)
+        # None: nothing to do; a lazy model applies the policy when its weights load.
         apply_load_time_config(model, optimization_config)
+        if defer:
+            model.load_runtime()
         return model

@@ -53,6 +53,9 @@ class OptimizableModelMixin:
         """False while a lazily loaded model has not read its weights yet."""
         return True
 
+    def load_runtime(self) -> None:
+        """Read the weights now if they are not loaded yet (a lazy family overrides this)."""
+
     def optimization_context(self) -> OptimizationContext:
         """Where this model runs, read from its attributes without loading anything."""
         device = str(getattr(self, "device", "cpu"))

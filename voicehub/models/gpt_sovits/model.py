@@ -47,9 +47,13 @@ def uses_graph_decoder(device: torch.device, preset: GraphPreset) -> bool:
 
 
 def build_t2s_decoder(
-    t2s: T2SModel, config: T2SConfig, device: torch.device, preset: GraphPreset
+    t2s: T2SModel, config: T2SConfig, device: torch.device, preset: GraphPreset, *, capture: bool = True
 ) -> T2SGraphDecoder | None:
-    """The model's one graph decoder (capturing now for full/minimal), or None for the eager reference."""
+    """The model's one graph decoder, or None for the eager reference.
+
+    capture: capture now what the preset captures at load (full/minimal); False builds it without graphs,
+    and `capture_t2s_graphs` captures them once its step kernels are chosen.
+    """
     if not uses_graph_decoder(device, preset):
         return None
     engine = StaticDecodeConfig.for_checkpoint(config)
@@ -57,7 +61,15 @@ def build_t2s_decoder(
         "GPT-SoVITS v3 T2S: CUDA-graph decoder, preset %s, %d KV slots, buckets %s",
         GraphPreset(preset).value, engine.max_seq_len, engine.buckets,
     )  # fmt: skip
-    return T2SGraphDecoder(t2s, engine, GraphPreset(preset).value)
+    return T2SGraphDecoder(t2s, engine, (GraphPreset(preset) if capture else GraphPreset.LAZY).value)
+
+
+def capture_t2s_graphs(decoder: T2SGraphDecoder, preset: GraphPreset) -> None:
+    """Give a decoder built with capture=False its preset, capturing what that preset captures at load."""
+    # The decoder captures in its constructor and again whenever its step kernels change; built 'lazy'
+    # (nothing captured) and set to its preset here, a kernel choice made at load costs one capture.
+    decoder.preset = decoder.graphs.preset = GraphPreset(preset)
+    decoder._capture_at_load()
 
 
 def build_pipeline(
@@ -67,11 +79,13 @@ def build_pipeline(
     frontend: TextFrontend | None = None,
     cache: ReferenceCache | None = None,
     cuda_graph_preset: GraphPreset = GraphPreset.OFF,
+    capture_graphs: bool = True,
 ) -> Pipeline:
     """Read every file through its strict loader and assemble the pipeline on `device` in `dtype`.
 
     frontend: the text frontend to use (default: `build_frontend(files)`, pypinyin polyphones).
     cuda_graph_preset: full/minimal/lazy decode T2S through graphs on CUDA; off keeps the eager path.
+    capture_graphs: False leaves the graph decoder uncaptured (see `build_t2s_decoder`).
     """
     t2s, t2s_config = load_t2s(files.gpt, device, dtype)
     # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
@@ -81,7 +95,7 @@ def build_pipeline(
     bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
     frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
-    decoder = build_t2s_decoder(t2s, t2s_config, device, cuda_graph_preset)
+    decoder = build_t2s_decoder(t2s, t2s_config, device, cuda_graph_preset, capture=capture_graphs)
     return Pipeline(
         frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id, decoder
     )
@@ -192,28 +206,41 @@ class GptSovitsModel(TTSModel):
             with self._load_lock:
                 if self._pipeline is None:
                     self._load()
-                    if self.apply_pending_optimization() is not None:
-                        self._warm_up_kernels()
         assert self._pipeline is not None
         return self._pipeline
 
+    def load_runtime(self) -> None:
+        """Read the weights now if the model was loaded lazily (a load-time optimization applies then)."""
+        self.pipeline  # noqa: B018
+
     def _load(self) -> None:
-        # First-use costs are paid here (warmup.py): the text frontend is built on a thread while the
-        # weights load (mostly Python against mostly I/O and copies), then the default voice warms up.
+        # Each first-use cost is paid once, here (warmup.py): the text frontend is built on a thread while
+        # the weights load (mostly Python against mostly I/O and copies); a load-time optimization config
+        # is applied before the T2S graphs are captured and before anything runs, so its kernels are the
+        # ones captured and warmed up; then the default voice warms up.
         voice = self._load_time_voice()
         import_transformers()  # before the thread: two threads importing big packages could meet in a cycle
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-text-warm-up") as pool:
             text = pool.submit(warm_text, self.frontend, *voice_languages(voice))
-            self._pipeline = build_pipeline(
+            pipe = build_pipeline(
                 self.files,
                 self.device,
                 self.dtype,
                 self.frontend,
                 self.reference_cache,
                 self.cuda_graph_preset,
+                capture_graphs=False,
             )
             warmed = text.result()
-        self.warm_up_info = {"load": {**warmed, **warm_voice(self._pipeline, voice)}}
+        self._pipeline = pipe  # the transforms reach the weights through self.pipeline
+        try:
+            self.apply_pending_optimization()  # rolled back and still pending if it raises
+        except BaseException:
+            self._pipeline = None  # a failed load-time config fails the load; the next use tries again
+            raise
+        if pipe.t2s_decoder is not None:
+            capture_t2s_graphs(pipe.t2s_decoder, self.cuda_graph_preset)
+        self.warm_up_info = {"load": {**warmed, **warm_voice(pipe, voice)}}
 
     def _load_time_voice(self) -> Voice | None:
         """The default voice if it resolves now; a registry name not there yet is left to requests."""

@@ -72,6 +72,9 @@ class VitsModel(TTSModel):
     def is_runtime_loaded(self) -> bool:
         return self._network is not None
 
+    def load_runtime(self) -> None:
+        self.network  # noqa: B018 (reads the weights if lazy)
+
     def optimization_targets(self) -> list:
         """The reversible transforms of `optimize()` (see vits/optimization.py)."""
         from voicehub.models.vits.optimization import vits_transforms

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import json
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -80,6 +81,14 @@ def _homographs() -> dict[str, tuple[list[str], list[str], str]]:
     return table
 
 
+@functools.cache
+def _segmenter() -> Callable[[str], list[str]]:
+    """wordsegment's `segment`, its module tables (unigram and bigram counts) filled once per process:
+    `wordsegment.load()` reads them again on every call (~1 s), and every frontend shares them."""
+    wordsegment.load()  # no download: the tables ship with the package
+    return wordsegment.segment
+
+
 class _GruG2P:
     """g2p_en's grapheme-to-phoneme GRU encoder-decoder, greedy decoding (weights from checkpoint20.npz)."""
 
@@ -123,7 +132,7 @@ class EnglishG2P:
         self._homographs = _homographs()
         self._predict = _GruG2P(_g2p_en_dir() / "checkpoint20.npz")
         self._tokenize = TweetTokenizer().tokenize
-        wordsegment.load()  # fills wordsegment's module tables (unigram counts) once; no download
+        self._segment = _segmenter()
 
     def normalize(self, text: str) -> str:
         text = _PUNCT_RE.sub(lambda m: _PUNCT_MAP[m.group()], text)
@@ -166,7 +175,7 @@ class EnglishG2P:
             if stem[-1] in ("S", "Z", "SH", "ZH", "CH", "JH"):
                 return stem + ["AH0", "Z"]
             return stem + ["Z"]
-        parts = wordsegment.segment(word)
+        parts = self._segment(word)
         if len(parts) == 1:
             return self._predict(word)
         return [p for part in parts for p in self._lookup(part)]
