@@ -94,6 +94,25 @@ def stack_inputs(n_rows, dtype, lengths, seed=0):
     return x, weights, k, v, torch.tensor(lengths)
 
 
+def random_embed(n_tokens, n_positions, dim, dtype=torch.float32, seed=3, device="cpu"):
+    """EmbedWeights: a unit-scale table, a sinusoid-sized pe and an alpha away from 1 (so its product rounds)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(n_tokens, dim, generator=g)
+    pe = torch.rand(n_positions, dim, generator=g) * 2 - 1
+    alpha = torch.tensor([0.7311])
+    return ref.EmbedWeights(*(t.to(device=device, dtype=dtype) for t in (table, pe, alpha)))
+
+
+def token_inputs(n_rows, seed=4):
+    """tokens and audio_pos [B] for random_embed's tables (tokens < 50, positions < 200)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 50, (n_rows,), generator=g), torch.randint(0, 200, (n_rows,), generator=g)
+
+
+def embed_as(embed, fn):
+    return ref.EmbedWeights(*(fn(t) for t in embed))
+
+
 def weights_as(weights, fn):
     layers = tuple(ref.LayerWeights(*(fn(t) for t in layer)) for layer in weights.layers)
     return ref.StackWeights(layers, fn(weights.head_weight), weights.n_head, weights.eps)
@@ -111,7 +130,7 @@ def test_stage_kernels_match_their_references(tk, dtype, n_rows):
     cfg = tk.StackConfig(**SMALL_BLOCKS)
     x, w, k, v, lengths = stack_inputs(n_rows, dtype, LENGTHS[n_rows])
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
-    s = tk.Scratch.allocate(x, w.n_head, MAX_SLOTS, cfg)
+    s = tk.Scratch.allocate(n_rows, w, MAX_SLOTS, cfg)
     layer, prev, eps = w.layers[1], w.layers[0], w.eps
     g = torch.Generator().manual_seed(5)
     s.x_ffn.copy_(torch.randn(x.shape, generator=g))
@@ -148,12 +167,70 @@ def test_stage_kernels_match_their_references(tk, dtype, n_rows):
 def test_first_layer_reads_the_embedding(tk):
     cfg = tk.StackConfig(**SMALL_BLOCKS)
     x, w, k, v, lengths = stack_inputs(3, torch.float32, LENGTHS[3])
-    s = tk.Scratch.allocate(x, w.n_head, MAX_SLOTS, cfg)
+    s = tk.Scratch.allocate(3, w, MAX_SLOTS, cfg)
     k_want, v_want = k[0].clone(), v[0].clone()
     _, q_want = ref.qkv_stage_reference(x, None, None, w.layers[0], k_want, v_want, lengths, w.n_head, w.eps)
     tk.qkv_stage(s, x, None, w.layers[0], k[0], v[0], lengths, w.eps, cfg)
     assert torch.equal(s.x_attn, x)
     assert rel_l2(s.q, q_want) <= FP32_TOL and rel_l2(as_float(k[0]), as_float(k_want)) <= FP32_TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_first_layer_gathers_the_token_embedding(tk, dtype):
+    # the embed op's layer 0: x_attn (the residual) is embed_audio_at's value, bit for bit
+    cfg = tk.StackConfig(**SMALL_BLOCKS)
+    _, w, k, v, lengths = stack_inputs(3, dtype, LENGTHS[3])
+    embed, (tokens, pos) = random_embed(50, 200, SHAPE["dim"], dtype), token_inputs(3)
+    s = tk.Scratch.allocate(3, w, MAX_SLOTS, cfg)
+    s.x_attn.fill_(float("nan"))
+    x = ref.embed_reference(tokens, pos, embed)
+    k_want, v_want = k[0].clone(), v[0].clone()
+    _, q_want = ref.qkv_stage_reference(x, None, None, w.layers[0], k_want, v_want, lengths, w.n_head, w.eps)
+    tk.qkv_stage(s, tk.TokenInput(tokens, pos, embed), None, w.layers[0], k[0], v[0], lengths, w.eps, cfg)
+    assert torch.equal(s.x_attn, x)
+    tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
+    assert rel_l2(s.q, q_want) <= tol and rel_l2(as_float(k[0]), as_float(k_want)) <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embed_stack_matches_the_definition(tk, dtype):
+    _, w, k, v, lengths = stack_inputs(3, dtype, LENGTHS[3])
+    embed, (tokens, pos) = random_embed(50, 200, SHAPE["dim"], dtype), token_inputs(3)
+    k_want, v_want = as_float(k), as_float(v)
+    # the definition in float64 from the model dtype's embedding (the rounding the kernel reproduces)
+    x = ref.embed_reference(tokens, pos, embed).double()
+    want = ref.decode_stack_reference(x, weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS)
+    cfg = tk.StackConfig(**STACK_BLOCKS)
+    got = tk.embed_stack_triton(tokens, pos, embed, w, k, v, lengths, N_SLOTS, config=cfg)
+    tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
+    assert got.dtype == dtype and rel_l2(got, want) <= tol
+    assert rel_l2(as_float(k), k_want) <= tol and rel_l2(as_float(v), v_want) <= tol
+    # bitwise the x-taking stack on the embedding: the gather changes nothing downstream
+    k2, v2 = (as_float(t).to(dtype) for t in (k, v))
+    same = tk.decode_stack_triton(
+        ref.embed_reference(tokens, pos, embed), w, k2, v2, lengths, N_SLOTS, config=cfg
+    )
+    assert torch.equal(got, same)
+    # the registry serves both backends under the op's name; the torch one is the definition
+    op = registry.T2S_EMBED_STACK
+    assert rel_l2(registry.get(op, "triton")(tokens, pos, embed, w, k, v, lengths, N_SLOTS), want) <= tol
+    assert registry.reference(op) is ref.embed_stack_reference
+    torch_fn = registry.resolve(op, "torch", "cpu")  # in the model's dtype, as the torch backend runs
+    k3, v3 = (as_float(t).to(dtype) for t in (k, v))
+    assert rel_l2(torch_fn(tokens, pos, embed, w, k3, v3, lengths, N_SLOTS), want) <= tol
+
+
+def test_embed_stack_refuses_mismatched_arguments(tk):
+    _, w, k, v, lengths = stack_inputs(1, torch.float32, [3])
+    embed, (tokens, pos) = random_embed(50, 200, SHAPE["dim"]), token_inputs(1)
+    with pytest.raises(ValueError, match="integer tokens"):
+        tk.embed_stack_triton(tokens.float(), pos, embed, w, k, v, lengths, N_SLOTS)
+    with pytest.raises(ValueError, match="alpha"):
+        tk.embed_stack_triton(tokens, pos, embed._replace(alpha=embed.alpha[:0]), w, k, v, lengths, N_SLOTS)
+    with pytest.raises(ValueError, match="contiguous"):
+        tk.embed_stack_triton(tokens, pos, embed._replace(pe=embed.pe.half()), w, k, v, lengths, N_SLOTS)
+    with pytest.raises(ValueError, match="caches"):
+        tk.embed_stack_triton(tokens, pos, embed, w, k[:, :, :1], v[:, :, :1], lengths, N_SLOTS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -210,11 +287,15 @@ def tiny(tmp_path_factory):
     return load_t2s(path, dtype="float32")
 
 
-def fused(device="cpu") -> StepKernels:
+def fused(device="cpu", variant="layers") -> StepKernels:
+    """The step's fused kernels: the x-taking stack after torch's embedding, or the embed stack."""
+    if variant == "embed":
+        return StepKernels(embed_stack=registry.resolve(registry.T2S_EMBED_STACK, "triton", device))
     return StepKernels(layer_stack=registry.resolve(T2S_LAYER_STACK, "triton", device))
 
 
-def test_forward_step_fused_matches_native(tk, tiny):
+@pytest.mark.parametrize("variant", ["layers", "embed"])
+def test_forward_step_fused_matches_native(tk, tiny, variant):
     model, config = tiny
     engine = StaticDecodeConfig(max_batch=2, max_seq_len=96, kv_buckets=(48,))
     decoder = T2SStaticDecoder(model, engine)
@@ -225,7 +306,7 @@ def test_forward_step_fused_matches_native(tk, tiny):
     tokens, pos = torch.tensor([3, 1000]), torch.tensor([17, 9])
     cache = decoder.cache
     before = (cache.k.clone(), cache.v.clone())
-    got = forward_step(model, cache, tokens, pos, 48, fused())
+    got = forward_step(model, cache, tokens, pos, 48, fused(variant=variant))
     written = (cache.k.clone(), cache.v.clone())
     cache.k.copy_(before[0])
     cache.v.copy_(before[1])
@@ -239,15 +320,17 @@ CASES = {  # (phones, prompt tokens, forced tokens) per row; buckets 32/48/64: e
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_fused_greedy_tokens_equal_eager(tk, tiny, case):
+@pytest.mark.parametrize(
+    ("case", "variant"), [("one_row", "layers"), ("two_rows", "layers"), ("two_rows", "embed")]
+)
+def test_fused_greedy_tokens_equal_eager(tk, tiny, case, variant):
     model, config = tiny
     rows = CASES[case]
     engine = StaticDecodeConfig(
         max_batch=len(rows), max_seq_len=64, kv_buckets=(32, 48), stop_check_interval=4
     )
     decoder = T2SStaticDecoder(model, engine)
-    decoder.set_step_kernels(fused())
+    decoder.set_step_kernels(fused(variant=variant))
     reqs = [
         T2SRequest(*random_prompt(config, p, n, seed), T2SSamplingParams.greedy(force_n_tokens=t))
         for seed, (p, n, t) in enumerate(rows)
@@ -293,8 +376,34 @@ def test_cuda_full_size_stack_matches_the_definition(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("size", ["tiny", "full"])
-def test_cuda_graph_decoder_fused_greedy_tokens(size, tmp_path):
+def test_cuda_full_size_embed_stack_fp16():
+    _cuda()
+    stack = registry.resolve(registry.T2S_EMBED_STACK, "triton", "cuda")
+    n_rows, lengths = 4, torch.tensor([730, 0, 1023, 300], device="cuda")
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    embed = random_embed(FULL["vocab"], 4000, FULL["dim"], torch.float16, device="cuda")
+    tokens = torch.tensor([3, 1024, 0, 517], device="cuda")
+    pos = torch.tensor([730, 0, 3999, 300], device="cuda")
+    g = torch.Generator().manual_seed(3)
+    shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g).to("cuda", torch.float16) for _ in range(2))
+    k_want, v_want = k.float(), v.float()
+    x = ref.embed_reference(tokens, pos, embed)  # fp16, as torch embeds on the GPU
+    want = ref.decode_stack_reference(
+        x.float(), weights_as(w, torch.Tensor.float), k_want, v_want, lengths, 1024
+    )
+    got = stack(tokens, pos, embed, w, k, v, lengths, 1024)
+    assert rel_l2(got, want) <= FP16_TOL and rel_l2(k, k_want) <= FP16_TOL and rel_l2(v, v_want) <= FP16_TOL
+    # bitwise the x-taking stack on torch's embedding (the gather rounds as torch does), and batch-invariant
+    layer_stack = registry.resolve(T2S_LAYER_STACK, "triton", "cuda")
+    assert torch.equal(layer_stack(x, w, k.clone(), v.clone(), lengths, 1024), got)
+    alone = stack(tokens[:1], pos[:1], embed, w, k[:, :1].clone(), v[:, :1].clone(), lengths[:1], 768)
+    assert torch.equal(alone[0], got[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("size", "variant"), [("tiny", "layers"), ("full", "layers"), ("full", "embed")])
+def test_cuda_graph_decoder_fused_greedy_tokens(size, variant, tmp_path):
     from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 
     _cuda()
@@ -302,7 +411,7 @@ def test_cuda_graph_decoder_fused_greedy_tokens(size, tmp_path):
     model, config = load_t2s(make_t2s_checkpoint(tmp_path / "t2s.ckpt", size, seed=0), "cuda", dtype)
     engine = StaticDecodeConfig(max_batch=2, max_seq_len=1024, kv_buckets=(256, 512))
     decoder = T2SGraphDecoder(model, engine, preset="full")
-    decoder.set_step_kernels(fused("cuda"))
+    decoder.set_step_kernels(fused("cuda", variant))
     rows = [(80, 150, 300), (30, 60, 200)]  # crosses 256 (and 512 for the first row)
     reqs = [
         T2SRequest(*random_prompt(config, p, n, seed), T2SSamplingParams.greedy(force_n_tokens=t))
@@ -319,7 +428,8 @@ def test_cuda_graph_decoder_fused_greedy_tokens(size, tmp_path):
 
 
 @pytest.mark.gpu
-def test_cuda_forward_step_full_size_fp16(tmp_path):
+@pytest.mark.parametrize("variant", ["layers", "embed"])
+def test_cuda_forward_step_full_size_fp16(variant, tmp_path):
     _cuda()
     model, config = load_t2s(make_t2s_checkpoint(tmp_path / "t2s.ckpt", "full", seed=0), "cuda", "float16")
     decoder = T2SStaticDecoder(model, StaticDecodeConfig(max_batch=2, max_seq_len=1024, kv_buckets=(1024,)))
@@ -330,7 +440,7 @@ def test_cuda_forward_step_full_size_fp16(tmp_path):
     tokens, pos = torch.tensor([3, 1000], device="cuda"), torch.tensor([150, 500], device="cuda")
     cache = decoder.cache
     before = (cache.k.clone(), cache.v.clone())
-    got = forward_step(model, cache, tokens, pos, 1024, fused("cuda"))
+    got = forward_step(model, cache, tokens, pos, 1024, fused("cuda", variant))
     cache.k.copy_(before[0])
     cache.v.copy_(before[1])
     assert rel_l2(got, forward_step(model, cache, tokens, pos, 1024)) <= FP16_TOL

@@ -8,6 +8,11 @@ row b's key and value at slot lengths[b] of layer l (when it is < S) and attends
 [0, min(lengths[b] + 1, n_slots)); lengths is not advanced. Each layer is post-norm (GPT-SoVITS T2S):
 x = LN1(x + out(attn(x))); x = LN2(x + W2 relu(W1 x + b1) + b2). Returns logits [B, V] in x's dtype.
 
+The variant op with the input embedding inside (T2S_EMBED_STACK, so a decode step runs no torch
+kernel before the stack): `f(tokens, audio_pos, embed, weights, k_cache, v_cache, lengths, n_slots)
+-> logits`, tokens and audio_pos [B] integer, embed: `EmbedWeights`; x = table[tokens] + alpha *
+pe[audio_pos] as `T2SModel.embed_audio_at` computes it (`embed_stack_reference`), then the stack.
+
 `decode_stack_reference` is the definition. The Triton backend runs each layer as three kernels
 that hand sums over to the next kernel as 32.32 fixed-point int64 accumulators (added with integer
 atomics, so the total does not depend on the order of the adds: deterministic and batch-invariant).
@@ -51,6 +56,16 @@ class StackWeights(NamedTuple):
     eps: float
 
 
+class EmbedWeights(NamedTuple):
+    """The decoder's input embedding x = table[token] + alpha * pe[position]: table [V_in, D] (token
+    embeddings), pe [P, D] (the sinusoid table), alpha [1] (its learned scale). Contiguous, the
+    stack's dtype. Positions must be < P (the torch reference raises past it; the kernel does not check)."""
+
+    table: torch.Tensor
+    pe: torch.Tensor
+    alpha: torch.Tensor
+
+
 def check_args(
     x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
     lengths: torch.Tensor, n_slots: int,
@@ -72,6 +87,32 @@ def check_args(
     tensors = [weights.head_weight, *(t for layer in weights.layers for t in layer)]
     if any(not t.is_contiguous() or t.dtype != x.dtype for t in tensors):
         raise ValueError(f"t2s_layer_stack: every weight must be a contiguous {x.dtype} tensor")
+
+
+def check_embed_args(
+    tokens: torch.Tensor, audio_pos: torch.Tensor, embed: EmbedWeights, weights: StackWeights
+) -> None:
+    dim, dtype = weights.head_weight.shape[1], weights.head_weight.dtype
+    n_rows = tokens.shape[0] if tokens.dim() == 1 else -1
+    if audio_pos.shape != (n_rows,) or tokens.is_floating_point() or audio_pos.is_floating_point():
+        raise ValueError(
+            f"t2s_embed_layer_stack takes integer tokens and audio_pos [B]; got {tuple(tokens.shape)} "
+            f"{tokens.dtype} and {tuple(audio_pos.shape)} {audio_pos.dtype}"
+        )
+    shapes = (embed.table.shape[1:], embed.pe.shape[1:], embed.alpha.shape)
+    if shapes != ((dim,), (dim,), (1,)) or embed.table.dim() != 2 or embed.pe.dim() != 2:
+        raise ValueError(
+            f"t2s_embed_layer_stack: embedding table and pe must be [*, {dim}] and alpha [1]; got "
+            f"{tuple(embed.table.shape)}, {tuple(embed.pe.shape)}, {tuple(embed.alpha.shape)}"
+        )
+    if any(not t.is_contiguous() or t.dtype != dtype for t in embed):
+        raise ValueError(f"t2s_embed_layer_stack: the embedding tensors must be contiguous {dtype} tensors")
+
+
+def embed_reference(tokens: torch.Tensor, audio_pos: torch.Tensor, embed: EmbedWeights) -> torch.Tensor:
+    """tokens, audio_pos: [B] -> x [B, D]: `embed_audio_at`'s ops, rounded to the tables' dtype
+    where torch stores a tensor (alpha * pe, then the sum)."""
+    return embed.table[tokens] + embed.alpha * embed.pe[audio_pos]
 
 
 def attend_cached(
@@ -109,6 +150,17 @@ def decode_stack_reference(
         ffn = F.linear(F.relu(F.linear(x, w.ffn1_weight, w.ffn1_bias)), w.ffn2_weight, w.ffn2_bias)
         x = F.layer_norm(x + ffn, (dim,), w.norm2_weight, w.norm2_bias, eps)
     return F.linear(x, weights.head_weight)
+
+
+def embed_stack_reference(
+    tokens: torch.Tensor, audio_pos: torch.Tensor, embed: EmbedWeights, weights: StackWeights,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int,
+) -> torch.Tensor:  # fmt: skip
+    """Reference and `torch` backend of T2S_EMBED_STACK: the embedding, then the stack. [B] -> [B, V]."""
+    check_embed_args(tokens, audio_pos, embed, weights)
+    return decode_stack_reference(
+        embed_reference(tokens, audio_pos, embed), weights, k_cache, v_cache, lengths, n_slots
+    )
 
 
 # -- the staged formulation: each Triton kernel's contract --------------------------------------

@@ -2,7 +2,8 @@
 
 At one row a decode step is a chain of small GEMVs, and its time is the number of kernels times
 each one's latency, so each kernel is one memory-bound pass over a weight with its neighbours fused:
-  qkv       the previous layer's LN2 (recomputed by every program from its 512-vector, cheap), the
+  qkv       layer 0: the input x, or (T2S_EMBED_STACK) the gather table[token] + alpha * pe[pos];
+            other layers: the previous layer's LN2 (recomputed by every program from its 512-vector, cheap), the
             GEMV W_qkv + b, q to a buffer, k and v straight into the cache at slot lengths[b];
   attention one program per (row, head, block of slots) reads only slots below the row's length;
             the last program of a (row, head) to finish (an atomic counter) merges the blocks, then
@@ -23,12 +24,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.t2s_layer import FIXED_POINT_SCALE, LayerWeights, StackWeights, check_args
+from voicehub.runtime.kernels.t2s_layer import (
+    FIXED_POINT_SCALE,
+    EmbedWeights,
+    LayerWeights,
+    StackWeights,
+    check_args,
+    check_embed_args,
+)
 
 _FIXED = tl.constexpr(FIXED_POINT_SCALE)  # float -> accumulator units
 _UNFIXED = tl.constexpr(1.0 / FIXED_POINT_SCALE)
@@ -87,12 +96,25 @@ def _post_norm(res_ptr, acc_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim,
 
 
 @triton.jit
+def _embed(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, row, cols, mask, dim, dtype: tl.constexpr):
+    # table[token] + alpha * pe[pos] of one row: [BLOCK_D] float32, rounded to the model's dtype where
+    # `embed_audio_at` stores a tensor (alpha * pe, then the sum), so layer 0 sees torch's input
+    tok = tl.load(tok_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    e = tl.load(table_ptr + tok * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    p = tl.load(pe_ptr + pos * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    p = (tl.load(alpha_ptr).to(tl.float32) * p).to(dtype).to(tl.float32)
+    return (e + p).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _qkv_kernel(
     x_ptr, acc_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, bias_ptr,
     q_ptr, xa_ptr, acc_attn_ptr, count_ptr, k_ptr, v_ptr, len_ptr,
+    tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr,
     n_rows, dim, max_slots, eps, sxb, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FIRST: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    EMBED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     dtype = q_ptr.dtype.element_ty
@@ -110,7 +132,10 @@ def _qkv_kernel(
         b = tl.program_id(1) * ROWS + i
         ok = b < n_rows  # masks below compare with a limit that is 0 past the batch
         row_cols = cols < tl.where(ok, dim, 0)
-        if FIRST:
+        if EMBED:  # layer 0 gathers its input (the token index clamped: rows past the batch load nothing)
+            x = _embed(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, tl.minimum(b, n_rows - 1), cols,
+                       row_cols, dim, dtype)  # fmt: skip
+        elif FIRST:
             x = tl.load(x_ptr + b * sxb + cols, mask=row_cols, other=0.0).to(tl.float32)
         else:  # the previous layer's last step: LN2(x1 + ffn + b2)
             x = _post_norm(x_ptr, acc_ptr, pb_ptr, pnw_ptr, pnb_ptr, b, cols, row_cols, dim, eps, dtype)
@@ -247,13 +272,15 @@ class Scratch:
     splits: int  # attention blocks of the whole cache: the merge's fixed shape
 
     @classmethod
-    def allocate(cls, x: torch.Tensor, n_head: int, max_slots: int, cfg: StackConfig) -> Scratch:
-        (n_rows, dim), dev = x.shape, x.device
+    def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: StackConfig) -> Scratch:
+        """Buffers for n_rows rows of a stack of `weights` (their dim, head count, dtype, device)."""
+        n_head, dim = weights.n_head, weights.head_weight.shape[1]
+        dtype, dev = weights.head_weight.dtype, weights.head_weight.device
         splits = triton.next_power_of_2(triton.cdiv(max_slots, cfg.attn_block))
         n_part = n_rows * n_head * splits
 
         def like_x() -> torch.Tensor:
-            return torch.empty(n_rows, dim, device=dev, dtype=x.dtype)
+            return torch.empty(n_rows, dim, device=dev, dtype=dtype)
 
         acc = torch.empty(2, n_rows, dim, device=dev, dtype=torch.int64)
         count = torch.empty(n_rows, n_head, device=dev, dtype=torch.int32)
@@ -266,21 +293,34 @@ def _rows(n_rows: int, cfg: StackConfig) -> int:
     return min(cfg.rows_per_program, triton.next_power_of_2(n_rows))
 
 
+class TokenInput(NamedTuple):
+    """Layer 0's input as T2S_EMBED_STACK takes it: tokens, audio_pos [B] integer and the embedding."""
+
+    tokens: torch.Tensor
+    audio_pos: torch.Tensor
+    embed: EmbedWeights
+
+
 def qkv_stage(
-    s: Scratch, x_in: torch.Tensor, prev: LayerWeights | None, layer: LayerWeights,
+    s: Scratch, x_in: torch.Tensor | TokenInput, prev: LayerWeights | None, layer: LayerWeights,
     k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor, eps: float, cfg: StackConfig,
 ) -> None:  # fmt: skip
-    """Kernel 1 (`qkv_stage_reference`): x_in is the embedding (prev None) or the previous x_ffn,
-    with s.acc_ffn; writes s.x_attn, s.q, the cache at lengths; zeroes s.acc_attn and s.count."""
+    """Kernel 1 (`qkv_stage_reference`): x_in is the embedded input or a `TokenInput` whose embedding
+    the kernel gathers (prev None), or the previous x_ffn, with s.acc_ffn; writes s.x_attn (the
+    layer's input, the residual of kernel 3), s.q, the cache at lengths; zeroes s.acc_attn and s.count."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     rows = _rows(n_rows, cfg)
     p = prev or layer  # unused by the first layer
+    is_embed = isinstance(x_in, TokenInput)
+    # unused pointers get a tensor of the right device (the kernel's constexpr branches never read them)
+    x, gather = (s.x_attn, (x_in.tokens, x_in.audio_pos, *x_in.embed)) if is_embed else (x_in, (lengths,) * 5)
     _qkv_kernel[(triton.cdiv(3 * dim, cfg.qkv_block), triton.cdiv(n_rows, rows))](
-        x_in, s.acc_ffn, p.ffn2_bias, p.norm2_weight, p.norm2_bias, layer.qkv_weight, layer.qkv_bias,
-        s.q, s.x_attn, s.acc_attn, s.count, k_layer, v_layer, lengths,
-        n_rows, dim, k_layer.shape[2], eps, x_in.stride(0), *k_layer.stride()[:3], *v_layer.stride()[:3],
+        x, s.acc_ffn, p.ffn2_bias, p.norm2_weight, p.norm2_bias, layer.qkv_weight, layer.qkv_bias,
+        s.q, s.x_attn, s.acc_attn, s.count, k_layer, v_layer, lengths, *gather,
+        n_rows, dim, k_layer.shape[2], eps, x.stride(0), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head, FIRST=prev is None,
-        BLOCK_N=cfg.qkv_block, BLOCK_D=triton.next_power_of_2(dim), ROWS=rows, num_warps=cfg.qkv_warps,
+        EMBED=is_embed, BLOCK_N=cfg.qkv_block, BLOCK_D=triton.next_power_of_2(dim), ROWS=rows,
+        num_warps=cfg.qkv_warps,
     )  # fmt: skip
 
 
@@ -326,24 +366,46 @@ def head_stage(
     )  # fmt: skip
 
 
-def decode_stack_triton(
-    x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    lengths: torch.Tensor, n_slots: int, *, config: StackConfig | None = None,
+def run_stack(
+    n_rows: int, x: torch.Tensor | TokenInput, weights: StackWeights, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int, config: StackConfig | None,
 ) -> torch.Tensor:  # fmt: skip
-    """The `triton` backend: x [B, D] -> logits [B, V] in x's dtype (see `t2s_layer.py`).
-
-    config: block sizes overriding `config_for` (for tuning; other blocks change the rounding)."""
-    check_args(x, weights, k_cache, v_cache, lengths, n_slots)
+    """Every layer's three kernels and the head, layer 0 reading x (checked by the caller). -> [B, V]"""
     first, last = weights.layers[0], weights.layers[-1]
-    dim, vocab = x.shape[1], weights.head_weight.shape[0]
+    (vocab, dim), dtype = weights.head_weight.shape, weights.head_weight.dtype
     cfg = config or config_for(dim, first.ffn1_weight.shape[0], weights.n_head, vocab)
-    s = Scratch.allocate(x, weights.n_head, k_cache.shape[3], cfg)
+    s = Scratch.allocate(n_rows, weights, k_cache.shape[3], cfg)
     x_in, prev = x, None
     for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
         attention_stage(s, layer.out_weight, k_cache[i], v_cache[i], lengths, n_slots, cfg)
         ffn_stage(s, layer, weights.eps, cfg)
         x_in, prev = s.x_ffn, layer
-    logits = torch.empty(x.shape[0], vocab, device=x.device, dtype=x.dtype)
+    logits = torch.empty(n_rows, vocab, device=k_cache.device, dtype=dtype)
     head_stage(s, last, weights.head_weight, logits, weights.eps, cfg)
     return logits
+
+
+def decode_stack_triton(
+    x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    lengths: torch.Tensor, n_slots: int, *, config: StackConfig | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The `triton` backend of T2S_LAYER_STACK: x [B, D] -> logits [B, V] in x's dtype (see `t2s_layer.py`).
+
+    config: block sizes overriding `config_for` (for tuning; other blocks change the rounding)."""
+    check_args(x, weights, k_cache, v_cache, lengths, n_slots)
+    return run_stack(x.shape[0], x, weights, k_cache, v_cache, lengths, n_slots, config)
+
+
+def embed_stack_triton(
+    tokens: torch.Tensor, audio_pos: torch.Tensor, embed: EmbedWeights, weights: StackWeights,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int, *,
+    config: StackConfig | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The `triton` backend of T2S_EMBED_STACK: tokens, audio_pos [B] -> logits [B, V]. Layer 0's
+    QKV kernel gathers the embedding itself: no kernel runs before the stack's first."""
+    check_embed_args(tokens, audio_pos, embed, weights)
+    # the stack's checks, on a stand-in of x's shape and dtype (no [B, D] tensor exists here)
+    check_args(embed.table[:1].expand(tokens.shape[0], -1), weights, k_cache, v_cache, lengths, n_slots)
+    return run_stack(tokens.shape[0], TokenInput(tokens, audio_pos, embed), weights, k_cache, v_cache,
+                     lengths, n_slots, config)  # fmt: skip

@@ -28,7 +28,7 @@ from voicehub.models.gpt_sovits.t2s.decode import (
     reseed,
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
-from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights
+from voicehub.runtime.kernels.t2s_layer import EmbedWeights, LayerWeights, StackWeights
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
 from voicehub.runtime.sampling import SamplingBuffers, sample
 
@@ -92,6 +92,9 @@ class StepKernels:
     layer_stack: T2S_LAYER_STACK `f(x [B, D], StackWeights, k, v [L, B, H, S, Dh], lengths [B], n_slots)
     -> logits [B, V]` (every layer and the head, writing K/V at slot lengths; when set, the step
     calls it instead of the layers, and attention / add_layer_norm are not used);
+    embed_stack: T2S_EMBED_STACK `f(tokens [B], audio_pos [B], EmbedWeights, StackWeights, k, v, lengths,
+    n_slots) -> logits [B, V]` (the layer stack with the input embedding gathered by its first kernel;
+    when set, the step calls it instead of the embedding and the layers, and layer_stack is not used);
     sampler: SAMPLE_STEP `f(logits [B, V'], q [B, >= V'], buf, state, lengths | None, *, eos, n_blocked,
     max_steps) -> tokens [B]` (the sampling chain, the stop logic and the state updates of
     `sample_step`, plus the KV-length and position advance of `decode_step`, in one op; the noise q
@@ -100,6 +103,7 @@ class StepKernels:
     attention: Callable[..., torch.Tensor] | None = None
     add_layer_norm: Callable[..., torch.Tensor] | None = None
     layer_stack: Callable[..., torch.Tensor] | None = None
+    embed_stack: Callable[..., torch.Tensor] | None = None
     sampler: Callable[..., torch.Tensor] | None = None
 
 
@@ -177,6 +181,12 @@ def stack_weights(model: T2SModel) -> StackWeights:
     return StackWeights(layers, model.ar_predict_layer.weight, model.config.n_head, eps)
 
 
+def embed_weights(model: T2SModel) -> EmbedWeights:
+    """The decoder's audio-token embedding as the embed-stack op takes it (the tensors, not copies)."""
+    position = model.ar_audio_position
+    return EmbedWeights(model.ar_audio_embedding.word_embeddings.weight, position.pe, position.alpha)
+
+
 def forward_step(
     model: T2SModel,
     cache: StaticKVCache,
@@ -187,6 +197,11 @@ def forward_step(
 ) -> torch.Tensor:
     """Run each row's last token through the decoder against its cached context.
     tokens, audio_pos: [B] long -> logits [B, V]. Writes K/V at slot `cache.lengths`; does not advance it."""
+    if kernels.embed_stack is not None:
+        embed, weights = embed_weights(model), stack_weights(model)
+        return kernels.embed_stack(
+            tokens, audio_pos, embed, weights, cache.k, cache.v, cache.lengths, n_slots
+        )
     x = model.embed_audio_at(tokens, audio_pos)  # [B, 1, D]
     if kernels.layer_stack is not None:
         return kernels.layer_stack(x[:, 0], stack_weights(model), cache.k, cache.v, cache.lengths, n_slots)
