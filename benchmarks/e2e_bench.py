@@ -108,24 +108,33 @@ def sync(device: str) -> None:
 
 def load_profile(set_dir: Path, device: str, dtype: str, profile: str, strict: bool = True, voice=None):
     """Load the set as `profile` (voice: its default_voice, warmed up at load); returns (model,
-    optimization manifest or None). strict=False: a triton transform that cannot apply leaves the
-    graphs-only model and puts its error in the manifest."""
-    from voicehub.models.gpt_sovits import load
+    optimization manifest or None). triton applies its kernels at load (from_pretrained's
+    optimization_config); strict=False: if they cannot apply, the graphs-only model is loaded instead and
+    the error is put in the manifest."""
+    from voicehub import AutoModelForTextToSpeech
+    from voicehub.models.gpt_sovits.model import MODEL_TYPE
+    from voicehub.optimization.config import TTSOptimizationConfig
 
     # No CUDA graphs off CUDA: there `full` and `triton` load eagerly (and triton then says why it cannot run).
     preset = "full" if profile == "triton" else profile
     preset = preset if device.startswith("cuda") else "off"
-    model = load(set_dir, device=device, dtype=dtype, cuda_graph_preset=preset, default_voice=voice)
-    manifest = None
-    if profile == "triton":
-        from voicehub.optimization.config import TTSOptimizationConfig
-
-        try:
-            manifest = model.optimize(TTSOptimizationConfig(kernel_backend="triton")).to_dict()
-        except Exception as err:
-            if strict:
-                raise
-            manifest = {"error": repr(err), "fallback": "full (graphs only)"}
+    kw = dict(
+        model_type=MODEL_TYPE, device=device, dtype=dtype, cuda_graph_preset=preset, default_voice=voice
+    )
+    if profile != "triton":
+        model = AutoModelForTextToSpeech.from_pretrained(set_dir, **kw)
+        sync(device)
+        return model, None
+    # The kernels are chosen at load, as a user would: applied before the graphs are captured and warmed up.
+    config = TTSOptimizationConfig(kernel_backend="triton")
+    try:
+        model = AutoModelForTextToSpeech.from_pretrained(set_dir, optimization_config=config, **kw)
+        manifest = model.optimization_result.to_dict()
+    except Exception as err:
+        if strict:
+            raise
+        model = AutoModelForTextToSpeech.from_pretrained(set_dir, **kw)
+        manifest = {"error": repr(err), "fallback": "full (graphs only)"}
     sync(device)
     return model, manifest
 
