@@ -5,7 +5,10 @@ stack (`t2s_layer_stack`, every layer and the head) against the torch definition
 times a CUDA graph of one call: microseconds per step and the tokens/s that bounds a decode at
 (the rest of the step, embedding and sampling, not included). The breakdown times graphs of the
 first kernels of every layer (qkv; qkv + attention; qkv + attention + ffn; the whole op) so the
-differences give each kernel's share. The torch definition in a graph is the baseline. Random
+differences give each kernel's share. The torch definition in a graph is the baseline. At the
+table's config it also times the step's input embedding: `torch_embed+fused` (embed_audio_at's
+torch ops, then the x-taking stack: the step before the fusion) against `fused_embed` (the op
+t2s_embed_layer_stack, whose first kernel gathers the embedding), both checked against the definition. Random
 full-size weights, one KV length per row, the bucket above it. Prints a table; writes JSON to --out.
 
     python benchmarks/t2s_layer_bench.py --out results/t2s_layer_h200.json
@@ -108,7 +111,7 @@ def time_us(fn: Callable[[], object], on_gpu: bool, replays: int) -> float:
 
 def stage_prefixes(tk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Callable[[], object]]:
     """Callables running, for every layer, the first 1, 2 or 3 kernels (and the whole op)."""
-    s = tk.Scratch.allocate(x, w.n_head, k.shape[3], cfg)
+    s = tk.Scratch.allocate(x.shape[0], w, k.shape[3], cfg)
     s.x_ffn.zero_()  # read by the next layer's qkv where a prefix stops before the ffn kernel
     logits = torch.empty(x.shape[0], w.head_weight.shape[0], device=x.device, dtype=x.dtype)
 
@@ -125,6 +128,42 @@ def stage_prefixes(tk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Callable[
             tk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)
 
     return {name: (lambda n=n: run(n)) for n, name in enumerate(("qkv", "+attention", "+ffn", "+head"), 1)}
+
+
+def random_embed(size: str, n_rows: int, length: int, dtype: torch.dtype, device: str):
+    """(EmbedWeights: table [V, D], pe [4000, D], alpha [1]; tokens [B]; audio_pos [B] = the length)."""
+    _, dim, _, _, vocab = SIZES[size]
+    g = torch.Generator().manual_seed(1)
+    table, pe = torch.randn(vocab, dim, generator=g), torch.rand(4000, dim, generator=g) * 2 - 1
+    embed = ref.EmbedWeights(*(t.to(device=device, dtype=dtype) for t in (table, pe, torch.tensor([0.73]))))
+    tokens = torch.randint(0, vocab, (n_rows,), generator=g).to(device)
+    return embed, tokens, torch.full((n_rows,), length, device=device)
+
+
+def bench_embed(tk, inputs, embed_inputs, n_slots, cfg, on_gpu, replays) -> list[dict]:
+    """The step's embedding: torch's ops before the x-taking stack, or gathered by the embed op."""
+    _, w, k, v, lengths = inputs
+    embed, tokens, pos = embed_inputs
+    x = ref.embed_reference(tokens, pos, embed)
+    want = ref.decode_stack_reference(x.float(), _float(w), k.float(), v.float(), lengths, n_slots)
+    paths = {
+        "torch_embed+fused": lambda: tk.decode_stack_triton(
+            ref.embed_reference(tokens, pos, embed), w, k, v, lengths, n_slots, config=cfg
+        ),
+        "fused_embed": lambda: tk.embed_stack_triton(
+            tokens, pos, embed, w, k, v, lengths, n_slots, config=cfg
+        ),
+    }
+    rows = []
+    for name, fn in paths.items():
+        row = {"path": name, "config": dataclasses.asdict(cfg)}
+        try:
+            row["rel_l2"] = rel_l2(fn(), want)
+            row["step_us"] = time_us(fn, on_gpu, replays)
+        except Exception as exc:  # reported like a failing config; the other rows still run
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows
 
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -184,6 +223,9 @@ def main() -> None:
             lambda inputs=inputs: ref.decode_stack_reference(*inputs, args.n_slots), on_gpu, args.replays
         )
         results.append({"rows": rows, "path": "torch_definition", "step_us": torch_us})
+        embed_inputs = random_embed(args.size, rows, args.length, dtype, args.device)
+        for row in bench_embed(tk, inputs, embed_inputs, args.n_slots, base, on_gpu, args.replays):
+            results.append({"rows": rows, **row})
         for j, cfg in enumerate(configs):
             row = bench_config(tk, inputs, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
             results.append({"rows": rows, "path": "fused" if j == 0 else "fused_sweep", **row})
