@@ -1,8 +1,8 @@
 """The GPT-SoVITS v3 stream engine (serving.py) on the tiny `make-checkpoint` set, CPU, fp32.
 
 A stream's tokens and audio are the same alone and among other streams that join, leave and cancel
-around it; one stream alone equals the single-stream streaming path (greedy); a stream's first chunk
-goes before other streams' work; a cancel frees the stream's row and state. The tiny T2S never
+around it (their SoVITS encoder windows and CFM pieces batched); one stream alone equals the
+single-stream streaming path (greedy); a stream's first chunk goes before other streams' work; a cancel frees the stream's row and state. The tiny T2S never
 samples EOS, so every sentence is bounded with force_n_tokens.
 """
 
@@ -90,6 +90,7 @@ def test_streams_equal_alone_and_among_others(engine, voice):
     and is cancelled after its first chunk. Each finished stream equals its solo run."""
     solo = [_solo(engine, voice, text, params) for text, params in REQUESTS]
     cfm_before = len(engine.recent_cfm_batches)
+    enc_before = (engine.stats.encoder_calls, engine.stats.encoder_rows)
     streams = [engine.submit(text, voice=voice, **params) for text, params in REQUESTS[:2]]
     for _ in range(2):
         engine.step()
@@ -115,6 +116,9 @@ def test_streams_equal_alone_and_among_others(engine, voice):
     assert got and not any(c.is_last for c in got)  # it left mid-way
     batches = list(engine.recent_cfm_batches)[cfm_before:]
     assert max(len(b) for b in batches) >= 2, "no CFM batch held two streams: nothing was batched"
+    n_calls = engine.stats.encoder_calls - enc_before[0]
+    n_rows = engine.stats.encoder_rows - enc_before[1]
+    assert n_rows > n_calls > 0, "no SoVITS encoder call held two streams' windows"
 
 
 def _push_all(rows, mel, sizes, owner):

@@ -4,6 +4,8 @@ Per stream, `CfmRows` and `VocoderRows` keep the state of streaming.py's `CfmStr
 `VocoderStream` (same constants, same chunking, same order of noise draws) with each model call taken
 out: they say what to compute (`next_piece`, `push`) and take the result back (`absorb`), so the
 serving engine can run the calls of many streams together:
+- `encode_rows` runs the SoVITS encoder (`decode_encp`) of many streams' windows as one right-padded,
+  masked call (`SynthesizerV3.decode_encp_padded`): token and phoneme counts, speeds and styles differ.
 - `solve_pieces` solves CFM pieces of different lengths as one right-padded batch. The DiT masks the
   padded frames (cfm/dit.py), so a row's frames are what it gets alone, up to float rounding.
 - `vocode_windows` vocodes windows of equal length as one batch. BigVGAN pads its borders by
@@ -27,7 +29,7 @@ from voicehub.audio.mel import denorm_spec
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
-from voicehub.models.gpt_sovits.sovits import ReferencePrompt
+from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
 from voicehub.models.gpt_sovits.streaming import (
     CFM_CONTEXT_FRAMES,
@@ -36,6 +38,40 @@ from voicehub.models.gpt_sovits.streaming import (
     VOCODER_LOOKAHEAD_FRAMES,
     VOCODER_OVERLAP_FRAMES,
 )
+
+
+@dataclass(eq=False)
+class EncoderRow:
+    """One row of a batched SoVITS encoder call: a window's token prefix and what conditions it."""
+
+    owner: Any
+    tokens: torch.Tensor  # [T] semantic tokens (25 Hz) of the sentence so far, T >= 1
+    phones: torch.Tensor  # [P] phoneme ids of the sentence
+    ge: torch.Tensor  # [1, gin, 1] the voice's style
+    speed: float
+
+
+@torch.inference_mode()
+def encode_rows(sovits: SynthesizerV3, rows: Sequence[EncoderRow]) -> list[torch.Tensor]:
+    """Condition features of each row, [1, inter2, n], from one right-padded `decode_encp_padded` call.
+
+    Each equals `sovits.decode_encp` of the row alone up to float rounding (the padded frames are
+    masked; see decode_encp_padded). One row runs `decode_encp` itself, the exact single-stream call.
+    """
+    if len(rows) == 1:
+        (r,) = rows
+        return [sovits.decode_encp(r.tokens[None, None], r.phones[None], r.ge, r.speed)]
+    first = rows[0].tokens
+    codes = first.new_zeros(1, len(rows), max(len(r.tokens) for r in rows))  # [n_q = 1, B, T]
+    text = first.new_zeros(len(rows), max(len(r.phones) for r in rows))
+    for i, r in enumerate(rows):
+        codes[0, i, : len(r.tokens)] = r.tokens
+        text[i, : len(r.phones)] = r.phones
+    ge = torch.cat([r.ge for r in rows])
+    fea, lengths = sovits.decode_encp_padded(
+        codes, [len(r.tokens) for r in rows], text, [len(r.phones) for r in rows], ge, [r.speed for r in rows]
+    )
+    return [fea[i : i + 1, :, :n] for i, n in enumerate(lengths)]
 
 
 @dataclass(eq=False)

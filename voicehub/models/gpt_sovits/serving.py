@@ -11,13 +11,14 @@ round, run by one thread (the server's GPU worker, or the thread of `start()`):
    `stop_check_interval` times, each row with its own params, seed, position and stop;
 3. each sentence's tokens go through streaming.py's chain in windows of `stream_chunk_tokens`
    (SoVITS `decode_encp` on the prefix; CFM prompted by the full reference and the last frames made;
-   the vocoder with left context, lookahead and a cross-fade). CFM pieces of many streams run as one
-   batch, most urgent first: a stream's first chunk before anything else, then the stream closest to
-   running dry (deadline = when its first chunk left + the audio it has received). While T2S has
-   work (busy rows, or requests to admit), a round runs batches while the most urgent stream left
-   is within `urgent_s` of its deadline (or has no chunk yet), else one batch, or none while a new
-   stream still waits for its first window's tokens; each batch's vocoder windows run right after
-   it, batched by length. With no T2S work, a round runs every batch that is ready.
+   the vocoder with left context, lookahead and a cross-fade). The encoder rows of a batch's streams
+   run as one padded, masked call (`encode_rows`), and so do their CFM pieces: one batch, most
+   urgent first: a stream's first chunk before anything else, then the stream closest to running dry
+   (deadline = when its first chunk left + the audio it has received). While T2S has work (busy
+   rows, or requests to admit), a round runs batches while the most urgent stream left is within
+   `urgent_s` of its deadline (or has no chunk yet), else one batch, or none while a new stream
+   still waits for its first window's tokens; each batch's vocoder windows run right after it,
+   batched by length. With no T2S work, a round runs every batch that is ready.
 Differences from `GptSovitsModel.stream`, on purpose: every request streams within sentences
 (`stream_chunk_tokens` defaults to the engine's `chunk_tokens`), and T2S sampling draws from per-row
 counter streams (runtime/row_rng.py), so a fixed seed gives other tokens than the single-stream path:
@@ -38,7 +39,14 @@ from typing import Any
 import torch
 
 from voicehub.errors import InvalidTextError
-from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, VocoderWindow, solve_pieces, vocode_windows
+from voicehub.models.gpt_sovits.batch_acoustic import (
+    CfmPiece,
+    EncoderRow,
+    VocoderWindow,
+    encode_rows,
+    solve_pieces,
+    vocode_windows,
+)
 from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
 from voicehub.models.gpt_sovits.pipeline import MAX_SEED, SentenceFeatures
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
@@ -90,7 +98,9 @@ class EngineStats:
     vocoder_calls: int = 0
     vocoder_rows: int = 0
     vocoder_s: float = 0.0
-    encoder_s: float = 0.0
+    encoder_calls: int = 0
+    encoder_rows: int = 0
+    encoder_s: float = 0.0  # the encoder call and the CFM pieces' preparation
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -347,9 +357,12 @@ class StreamEngine:
         windows: list[VocoderWindow] = []
         pieces: list[CfmPiece] = []
         t0 = time.perf_counter()
+        features = self._encode(runs)
         for run in runs:
+            if run not in self._runs:  # its encoder row failed
+                continue
             try:
-                piece = run.prepare_piece(windows)
+                piece = run.prepare_piece(windows, features.get(run))
             except Exception as error:
                 self._end(run, error)
                 continue
@@ -374,6 +387,30 @@ class StreamEngine:
         self._vocode(windows)
         for run in runs:
             self._emit_ready(run)
+
+    def _encode(self, runs: list[StreamRun]) -> dict[StreamRun, torch.Tensor]:
+        """The SoVITS encoder of every run whose next window is due, as one padded call -> features."""
+        rows: list[EncoderRow] = []
+        for run in runs:
+            try:
+                row = run.encoder_row()
+            except Exception as error:
+                self._end(run, error)
+                continue
+            if row is not None:
+                rows.append(row)
+        if not rows:
+            return {}
+        try:
+            features = encode_rows(self.pipeline.sovits, rows)
+        except Exception as error:
+            log.exception("SoVITS encoder batch of %d rows failed; its streams fail", len(rows))
+            for row in rows:
+                self._end(row.owner, error)
+            return {}
+        self.stats.encoder_calls += 1
+        self.stats.encoder_rows += len(rows)
+        return {row.owner: fea for row, fea in zip(rows, features)}
 
     def _vocode(self, windows: list[VocoderWindow]) -> None:
         if not windows:

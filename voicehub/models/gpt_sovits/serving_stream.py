@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from voicehub.audio.fades import fade_in, fade_out
-from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, CfmRows, VocoderRows, VocoderWindow
+from voicehub.models.gpt_sovits.batch_acoustic import (
+    CfmPiece,
+    CfmRows,
+    EncoderRow,
+    VocoderRows,
+    VocoderWindow,
+)
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import (
     EDGE_FADE_S,
@@ -168,6 +174,7 @@ class SentenceRun:
         self.n_fea = 0  # condition frames made so far
         self.window_mels: list[torch.Tensor] = []  # solved pieces of the window in progress
         self.is_window_final = False
+        self.is_window_open = False  # a window left the queue; its encoder features are due
         self.n_pieces = 0  # audio pieces sent
 
     def on_tokens(self, tokens: list[int]) -> None:
@@ -240,32 +247,39 @@ class StreamRun:
         sentence = self.sentences[0]
         return sentence.cfm.n_todo > 0 or bool(sentence.windows)
 
-    # -- the acoustic chain (streaming.stream_windows, one call at a time) ------------------------
+    # -- the acoustic chain (streaming.stream_windows; the engine batches each call) ---------------
 
-    def prepare_piece(self, windows: list[VocoderWindow]) -> CfmPiece | None:
-        """The next CFM piece of the oldest sentence; a window with no new frames goes straight to the
-        vocoder (into `windows`, or out as the sentence's tail) and gives None."""
+    def encoder_row(self) -> EncoderRow | None:
+        """When the oldest sentence has no frames left to solve, its next window leaves the queue, and
+        this is the SoVITS encoder row of the window's token prefix (earlier tokens are the encoder's
+        context). None: frames are left, or the prefix is empty. `prepare_piece` takes the result."""
         sentence = self.sentences[0]
-        if sentence.cfm.n_todo == 0:
-            n_tokens, sentence.is_window_final = sentence.windows.popleft()
-            new = self._new_features(sentence, n_tokens)
+        if sentence.cfm.n_todo:
+            return None
+        n_tokens, sentence.is_window_final = sentence.windows.popleft()
+        sentence.is_window_open = True
+        if n_tokens == 0:
+            return None
+        tokens = torch.tensor(sentence.tokens[:n_tokens], dtype=torch.long, device=self.pipeline.device)
+        speed = float(self.stream.params.speed)
+        return EncoderRow(self, tokens, sentence.phones[0], self.ref.acoustic.ge, speed)
+
+    def prepare_piece(self, windows: list[VocoderWindow], fea: torch.Tensor | None) -> CfmPiece | None:
+        """The next CFM piece of the oldest sentence. fea: [1, inter2, n] the encoder output of the row
+        `encoder_row` gave (None when it gave none); its frames past those made before are new. A
+        window with no new frames goes straight to the vocoder (into `windows`, or out as the
+        sentence's tail) and gives None."""
+        sentence = self.sentences[0]
+        if sentence.is_window_open:
+            sentence.is_window_open = False
+            new = self.ref.acoustic.fea[:, :, :0]
+            if fea is not None:
+                new, sentence.n_fea = fea[:, :, sentence.n_fea :], fea.shape[2]
             if new.shape[2] == 0:
                 self._push_mel(sentence, self.ref.acoustic.mel[:, :, :0], windows)
                 return None
             sentence.cfm.add(new)
         return sentence.cfm.next_piece(self, self.pipeline.sovits.cfm.estimator.proj_out.out_features)
-
-    def _new_features(self, sentence: SentenceRun, n_tokens: int) -> torch.Tensor:
-        # SoVITS on the whole prefix (earlier tokens are the encoder's context); the new frames are kept
-        if n_tokens == 0:
-            return self.ref.acoustic.fea[:, :, :0]
-        tokens = torch.tensor(sentence.tokens[:n_tokens], dtype=torch.long, device=self.pipeline.device)
-        speed = float(self.stream.params.speed)
-        fea = self.pipeline.sovits.decode_encp(
-            tokens[None, None], sentence.phones, self.ref.acoustic.ge, speed
-        )
-        new, sentence.n_fea = fea[:, :, sentence.n_fea :], fea.shape[2]
-        return new
 
     def absorb_piece(self, mel: torch.Tensor, windows: list[VocoderWindow]) -> None:
         """mel: [1, mel, n] normalised CFM output of the piece `prepare_piece` gave."""

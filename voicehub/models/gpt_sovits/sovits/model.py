@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,6 +80,62 @@ class SynthesizerV3(nn.Module):
         return self.wns1(fea, torch.tensor([mel_len], device=codes.device), ge)
 
     @torch.no_grad()
+    def decode_encp_padded(
+        self,
+        codes: torch.Tensor,
+        code_lengths: Sequence[int],
+        text: torch.Tensor,
+        text_lengths: Sequence[int],
+        ge: torch.Tensor,
+        speeds: Sequence[float],
+    ) -> tuple[torch.Tensor, list[int]]:
+        """`decode_encp` of B rows at once, right-padded; row i equals its call alone up to float rounding.
+
+        codes: [n_q, B, T] semantic tokens, row i valid for code_lengths[i]; text: [B, P] phoneme ids,
+        valid for text_lengths[i]; ge: [B, gin, 1]; speeds: B floats. Returns features [B, inter2, N]
+        and each row's length (what `decode_encp` returns for it); frames past a row's length are not
+        zero. Every encoder masks the padding out of valid frames; the speed resampling, whose
+        positions depend on a row's own length, runs row by row.
+        """
+        y_lengths = [2 * t for t in code_lengths]
+        quantized = self.quantizer.decode(codes).to(ge.dtype)
+        quantized = F.interpolate(quantized, scale_factor=2, mode="nearest")  # 25 Hz -> 50 Hz
+        as_tensor = partial(torch.tensor, device=codes.device)
+        x = self.enc_p(quantized, as_tensor(y_lengths), text, as_tensor(text_lengths), ge)  # speed 1 here
+        x, x_lengths = _resample_rows(x, y_lengths, speeds)
+        fea = F.interpolate(self.bridge(x), scale_factor=CONTENT_TO_MEL, mode="nearest")
+        # the nearest index of a frame does not depend on the input length, so a row's frames are its own
+        fea_lengths = [math.floor(n * CONTENT_TO_MEL) for n in x_lengths]
+        # wns1's mask alone is `mel_len` (past the features: no effect); padding is also masked here
+        mask_lengths = [min(_mel_len(t, s), n) for t, s, n in zip(code_lengths, speeds, fea_lengths)]
+        return self.wns1(fea, as_tensor(mask_lengths), ge), fea_lengths
+
+    @torch.no_grad()
     def extract_latent(self, ssl: torch.Tensor) -> torch.Tensor:
         """HuBERT features [B, ssl_dim, T] (50 Hz) -> semantic tokens [n_q, B, T // 2]."""
         return self.quantizer.encode(self.ssl_proj(ssl))
+
+
+def _mel_len(t_sem: int, speed: float) -> int:
+    # the mask length of `decode_encp` for t_sem tokens
+    if speed == 1:
+        return int(t_sem * MEL_LENGTH_FACTOR)
+    return int(t_sem * MEL_LENGTH_FACTOR / speed) + 1
+
+
+def _resample_rows(
+    x: torch.Tensor, lengths: list[int], speeds: Sequence[float]
+) -> tuple[torch.Tensor, list[int]]:
+    """x: [B, C, T] content, row i valid for lengths[i] -> each row at its speed, right-padded with zeros.
+
+    As TextEncoderV3 at speed != 1, on the row's own frames: linear resampling positions depend on
+    the input and output lengths, so a padded row resampled in the batch would not equal its solo call.
+    """
+    if all(s == 1 for s in speeds):
+        return x, lengths
+    new_lengths = [n if s == 1 else int(n / s) + 1 for n, s in zip(lengths, speeds)]
+    out = x.new_zeros(x.shape[0], x.shape[1], max(new_lengths))
+    for i, (n, s, m) in enumerate(zip(lengths, speeds, new_lengths)):
+        row = x[i : i + 1, :, :n]
+        out[i, :, :m] = row[0] if s == 1 else F.interpolate(row, size=m, mode="linear")[0]
+    return out, new_lengths
