@@ -4,7 +4,8 @@ Workload (issue 4): full-size random v3 weights made here by make_t2s_checkpoint
 80 phonemes + 150 semantic tokens, N decoded tokens with EOS suppressed, one stream.
 The `graphs_fused` path is the graph decoder with the full Triton step (StepKernels.layer_stack, registry
 op t2s_layer_stack, and StepKernels.sampler, op t2s_sample_step); `graphs_fused_layers` has the layer stack
-only (torch sampling). Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
+only (torch sampling); `graphs_fused_embed` is the full step with the input embedding inside the
+stack (StepKernels.embed_stack, op t2s_embed_layer_stack: no torch kernel between sampler and stack). Exactness: tokens of each path against eager (greedy and fixed-seed), with the first divergence
 and eager's margin there for the decision it actually took (DecodeResult.decision_margins: the
 logit top-1/top-2 margin on argmax steps, the race margin log r1 - log r2 of probs/q on sampled
 steps); a divergence passes the margin rule only where that margin is within its epsilon
@@ -206,6 +207,10 @@ def main() -> None:
     sampler = registry.resolve(registry.T2S_SAMPLE_STEP, "triton", dev)
     fused_kernels = StepKernels(layer_stack=layer_kernels.layer_stack, sampler=sampler)
     _, result["capture_fused_s"] = timed(lambda: fused.set_step_kernels(fused_kernels))  # compiles, captures
+    fused_embed = T2SGraphDecoder(model, engine, preset="full" if on_gpu else "off")
+    embed_stack = registry.resolve(registry.T2S_EMBED_STACK, "triton", dev)
+    embed_kernels = StepKernels(embed_stack=embed_stack, sampler=sampler)
+    _, result["capture_fused_embed_s"] = timed(lambda: fused_embed.set_step_kernels(embed_kernels))
     rows = [
         speed("eager", lambda: decode(model, phones, bert, prompt, greedy), n, args.reps),
         speed("static_kv", lambda: static.decode([reqs["greedy"]]), n, args.reps),
@@ -213,6 +218,7 @@ def main() -> None:
         speed("graphs_full", lambda: graphs.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_fused_layers", lambda: layers_only.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_fused", lambda: fused.decode([reqs["greedy"]]), n, args.reps),
+        speed("graphs_fused_embed", lambda: fused_embed.decode([reqs["greedy"]]), n, args.reps),
     ]
     result["speed"] = rows
     if on_gpu:
@@ -233,12 +239,16 @@ def main() -> None:
             "graphs_full": compare(ref, graphs.decode([req])[0].tokens),
             "graphs_fused_layers": compare(ref, layers_only.decode([req])[0].tokens),
             "graphs_fused": compare(ref, fused.decode([req])[0].tokens),
+            "graphs_fused_embed": compare(ref, fused_embed.decode([req])[0].tokens),
         }
     result["exactness"] = exact
     ref = decode(model, phones, bert, prompt, greedy)
     result["teacher_forced_logits_graph_vs_eager"] = teacher_forced(model, graphs, reqs["greedy"], ref.tokens)
     result["teacher_forced_logits_fused_vs_eager"] = teacher_forced(
         model, fused, reqs["greedy"], ref.tokens, fused_kernels
+    )
+    result["teacher_forced_logits_fused_embed_vs_eager"] = teacher_forced(
+        model, fused_embed, reqs["greedy"], ref.tokens, embed_kernels
     )
     result["meta"] = meta(args, make_s, load_s, time.perf_counter() - t_start)
     print(f"{'path':19} {'first_req_s':>11} {'warm_s':>8} {'tok/s':>8}")
@@ -249,12 +259,14 @@ def main() -> None:
     print("capture (full preset):", round(capture_s, 3), "s;", result["n_graphs_full"], "graphs")
     print("fused layers: compile + capture", round(result["capture_fused_layers_s"], 3), "s")
     print("fused step: compile + capture", round(result["capture_fused_s"], 3), "s")
+    print("fused step with the embedding: compile + capture", round(result["capture_fused_embed_s"], 3), "s")
     print("exactness against eager (margin rule: divergence only where eager's decision margin <= epsilon):")
     for name, row in exact.items():
-        for path in ("static_kv", "graphs_full", "graphs_fused_layers", "graphs_fused"):
+        for path in ("static_kv", "graphs_full", "graphs_fused_layers", "graphs_fused", "graphs_fused_embed"):
             print(" ", divergence_line(name, path, row[path]))
     print("teacher-forced:", result["teacher_forced_logits_graph_vs_eager"])
     print("teacher-forced fused:", result["teacher_forced_logits_fused_vs_eager"])
+    print("teacher-forced fused embed:", result["teacher_forced_logits_fused_embed_vs_eager"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
