@@ -77,6 +77,9 @@ def test_stream_tokens_equal_alone_and_among_others(tiny, engine, params_list):
     sched.run_until_idle()
     for i, (handle, (alone, alone_stream)) in enumerate(zip(handles, solo)):
         got = handle.result()
+        if params_list is GREEDY and got.tokens.tolist() != alone.tokens.tolist():
+            _assert_near_tie(model, requests[i], alone, got, i)
+            continue
         assert got.tokens.tolist() == alone.tokens.tolist(), i
         assert (got.stop_reason, got.n_steps) == (alone.stop_reason, alone.n_steps), i
         assert _streamed(handle) == alone_stream, i
@@ -84,6 +87,22 @@ def test_stream_tokens_equal_alone_and_among_others(tiny, engine, params_list):
         for req, (alone, _) in zip(requests, solo):
             eager = decode(model, req.phone_ids, req.bert, req.prompt_tokens, req.params)
             assert alone.tokens.tolist() == eager.tokens.tolist()
+
+
+# CPU BLAS picks other fp32 kernels for other batch sizes (and may split work by thread), so a row's
+# logits can move by ~1e-6 with its company: one CI run of the greedy case diverged once. A greedy
+# divergence is accepted only where eager's own top-1/top-2 margin is this small (a float tie).
+FP32_TIE = 1e-4
+
+
+def _assert_near_tie(model, req, alone, got, i):
+    eager = decode(model, req.phone_ids, req.bert, req.prompt_tokens, req.params)
+    a, b = alone.tokens.tolist(), got.tokens.tolist()
+    first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    step = first + (1 if eager.stop_reason == "max_tokens" else 0)  # a capped decode drops its first draw
+    assert step < eager.margins.numel(), (i, first)
+    margin = float(eager.margins[step])
+    assert margin <= FP32_TIE, f"stream {i} diverged at token {first} where eager's margin is {margin}"
 
 
 def test_streamed_tokens_are_the_result_unless_the_cap_stopped(tiny, engine):
