@@ -19,7 +19,7 @@ Per level:
 - continuity: playback starts when the first chunk arrives; chunk i is due at that time + the audio
   before it; an underrun is a chunk that arrives after it is due (count, streams with any, worst and
   total lateness);
-- stage seconds (T2S, SoVITS encoder, CFM, vocoder) and mean CFM / vocoder rows per call.
+- stage seconds (T2S, SoVITS encoder, CFM, vocoder) and mean encoder / CFM / vocoder rows per call.
 
     python benchmarks/streams_bench.py --out benchmarks/results/streams_h200.json   # plot beside it
     python benchmarks/streams_bench.py --device cpu --size tiny --profile full --levels 1,2 \
@@ -200,6 +200,7 @@ def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) 
                       "streams_with_any": sum(1 for v in late.values() if any(x > 0 for x in v)),
                       "worst_late_s": max(underruns, default=0.0), "total_late_s": sum(underruns)},
         "stage_s": {k: stats[k] for k in ("t2s_s", "encoder_s", "cfm_s", "vocoder_s")},
+        "encoder_rows_per_call": stats["encoder_rows"] / stats["encoder_calls"] if stats["encoder_calls"] else None,
         "cfm_rows_per_call": stats["cfm_rows"] / stats["cfm_calls"] if stats["cfm_calls"] else None,
         "vocoder_rows_per_call": stats["vocoder_rows"] / stats["vocoder_calls"] if stats["vocoder_calls"] else None,
         "rounds": stats["rounds"],
@@ -274,6 +275,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=0, help="cap force_n_tokens (smoke runs)")
     p.add_argument("--mix", default=",".join(MIX), help="text kinds to draw from (of short,medium,long)")
     p.add_argument("--max-cfm-batch", type=int, default=32)
+    p.add_argument("--max-encoder-batch", type=int, default=64, help="1: the SoVITS encoder per stream")
     p.add_argument("--max-vocoder-batch", type=int, default=64)
     p.add_argument("--vocoder-bucket", type=int, default=16, help="vocoder window length multiple (frames)")
     p.add_argument("--urgent-s", type=float, default=0.5)
@@ -301,6 +303,7 @@ def main() -> None:
     config = ServingConfig(
         max_streams=max(levels), max_queue=4 * max(levels), chunk_tokens=args.chunk_tokens,
         max_cfm_batch=args.max_cfm_batch, max_vocoder_batch=args.max_vocoder_batch,
+        max_encoder_batch=args.max_encoder_batch,
         urgent_s=args.urgent_s, vocoder_bucket_frames=args.vocoder_bucket,
     )  # fmt: skip
     t0 = time.perf_counter()

@@ -62,7 +62,8 @@ log = logging.getLogger("voicehub.models.gpt_sovits")
 class ServingConfig:
     """Engine sizes and policy. max_streams: T2S rows (streams decoding at once); max_queue: requests
     waiting for a row before `submit` raises QueueFullError; chunk_tokens: the window of a request that
-    gives no stream_chunk_tokens; max_cfm_batch / max_vocoder_batch: rows per CFM / vocoder call;
+    gives no stream_chunk_tokens; max_cfm_batch / max_vocoder_batch / max_encoder_batch: rows per CFM /
+    vocoder / SoVITS encoder call (max_encoder_batch 1: the encoder per stream, `decode_encp` itself);
     urgent_s: slack under which a stream gets another CFM batch in the same round; vocoder_bucket_frames:
     vocoder windows grow (by left context) to a multiple of this, so more share a call (1: streaming.py's
     exact windows); stop_check_interval: T2S steps per round."""
@@ -71,13 +72,20 @@ class ServingConfig:
     max_queue: int = 64
     chunk_tokens: int = 25
     max_cfm_batch: int = 16
+    max_encoder_batch: int = 64
     max_vocoder_batch: int = 32
     urgent_s: float = 0.5
     vocoder_bucket_frames: int = 1
     stop_check_interval: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_streams", "chunk_tokens", "max_cfm_batch", "max_vocoder_batch"):
+        for name in (
+            "max_streams",
+            "chunk_tokens",
+            "max_cfm_batch",
+            "max_vocoder_batch",
+            "max_encoder_batch",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServingConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.vocoder_bucket_frames < 1 or self.stop_check_interval < 1:
@@ -389,7 +397,7 @@ class StreamEngine:
             self._emit_ready(run)
 
     def _encode(self, runs: list[StreamRun]) -> dict[StreamRun, torch.Tensor]:
-        """The SoVITS encoder of every run whose next window is due, as one padded call -> features."""
+        """The SoVITS encoder of every run whose next window is due, in padded calls -> features."""
         rows: list[EncoderRow] = []
         for run in runs:
             try:
@@ -401,16 +409,20 @@ class StreamEngine:
                 rows.append(row)
         if not rows:
             return {}
-        try:
-            features = encode_rows(self.pipeline.sovits, rows)
-        except Exception as error:
-            log.exception("SoVITS encoder batch of %d rows failed; its streams fail", len(rows))
-            for row in rows:
-                self._end(row.owner, error)
-            return {}
-        self.stats.encoder_calls += 1
-        self.stats.encoder_rows += len(rows)
-        return {row.owner: fea for row, fea in zip(rows, features)}
+        out: dict[StreamRun, torch.Tensor] = {}
+        size = self.config.max_encoder_batch
+        for chunk in (rows[lo : lo + size] for lo in range(0, len(rows), size)):
+            try:
+                features = encode_rows(self.pipeline.sovits, chunk)
+            except Exception as error:
+                log.exception("SoVITS encoder batch of %d rows failed; its streams fail", len(chunk))
+                for row in chunk:
+                    self._end(row.owner, error)
+                continue
+            self.stats.encoder_calls += 1
+            self.stats.encoder_rows += len(chunk)
+            out.update((row.owner, fea) for row, fea in zip(chunk, features))
+        return out
 
     def _vocode(self, windows: list[VocoderWindow]) -> None:
         if not windows:
