@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from voicehub.errors import VoiceHubError
 from voicehub.runtime.kv_cache import pick_bucket
+from voicehub.runtime.round_loop import RoundLoop
 
 
 class QueueFullError(VoiceHubError, RuntimeError):
@@ -138,9 +139,7 @@ class ContinuousScheduler:
         self._lock = threading.Lock()
         self._waiting: deque[StreamHandle] = deque()
         self._rows: dict[int, StreamHandle] = {}  # busy row -> its stream (touched by pump only)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._loop = RoundLoop(self.pump, "voicehub-scheduler")
         self.n_steps = 0  # steps run so far (all rows together)
 
     def submit(self, request: Any, on_tokens: Callable[[list[int]], None] | None = None) -> StreamHandle:
@@ -155,7 +154,7 @@ class ContinuousScheduler:
                     "retry later, or raise max_queue / the engine's max rows"
                 )
             self._waiting.append(handle)
-        self._wake.set()
+        self._loop.wake()
         return handle
 
     @property
@@ -192,31 +191,14 @@ class ContinuousScheduler:
 
     def run_until_idle(self, max_pumps: int = 1_000_000) -> None:
         """Pump until no stream is active or waiting (tests and batch jobs)."""
-        for _ in range(max_pumps):
-            if not self.pump():
-                return
-        raise RuntimeError(f"scheduler still busy after {max_pumps} pumps")
+        self._loop.run_until_idle(max_pumps)
 
     def start(self) -> None:
         """Pump in a daemon thread (the GPU worker) until `stop()`; it sleeps while idle."""
-        if self._thread is not None:
-            raise RuntimeError("scheduler already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="voicehub-scheduler", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.clear()
-            if not self.pump():
-                self._wake.wait(0.05)  # the timeout also catches a cancel of a waiting stream
+        self._loop.stop(timeout)
 
     def _drop_cancelled(self) -> None:
         for row, handle in list(self._rows.items()):

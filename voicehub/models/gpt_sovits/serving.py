@@ -52,6 +52,7 @@ from voicehub.models.gpt_sovits.pipeline import MAX_SEED, SentenceFeatures
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
+from voicehub.runtime.round_loop import RoundLoop
 from voicehub.runtime.scheduler import ContinuousScheduler, QueueFullError, StreamCancelledError
 from voicehub.text.limits import check_text
 
@@ -142,8 +143,7 @@ class StreamEngine:
         self._inbox: deque[SynthesisStream] = deque()  # submitted, not yet set up
         self._waiting: deque[StreamRun] = deque()  # set up, waiting for a T2S row
         self._runs: list[StreamRun] = []  # admitted
-        self._thread: threading.Thread | None = None
-        self._stop, self._wake = threading.Event(), threading.Event()
+        self._loop = RoundLoop(self.step, "voicehub-stream-engine", on_error=self._round_failed)
         log.info(
             "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %s", sizes.max_batch, preset, self.config
         )
@@ -173,7 +173,7 @@ class StreamEngine:
                     f"{self.config.max_streams} rows; retry later, or raise max_queue / max_streams"
                 )
             self._inbox.append(stream)
-        self._wake.set()
+        self._loop.wake()
         return stream
 
     @property
@@ -207,25 +207,14 @@ class StreamEngine:
         return not self.is_idle
 
     def run_until_idle(self, max_rounds: int = 1_000_000) -> None:
-        for _ in range(max_rounds):
-            if not self.step():
-                return
-        raise RuntimeError(f"stream engine still busy after {max_rounds} rounds")
+        self._loop.run_until_idle(max_rounds)
 
     def start(self) -> None:
         """Run rounds in a daemon thread until `stop()`; it sleeps while idle."""
-        if self._thread is not None:
-            raise RuntimeError("stream engine already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="voicehub-stream-engine", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._loop.stop(timeout)
 
     def close(self, error: BaseException | None = None) -> None:
         """End every stream (with `error`, default StreamCancelledError) and free its rows; the engine
@@ -242,17 +231,10 @@ class StreamEngine:
         except Exception:
             log.exception("freeing the T2S rows failed")
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                busy = self.step()
-            except Exception as error:  # a bug, not a bad request: every stream fails, the loop goes on
-                log.exception("stream engine round failed; ending every stream")
-                self.close(error)
-                busy = False
-            if not busy:
-                self._wake.wait(0.05)
+    def _round_failed(self, error: Exception) -> None:
+        # a bug, not a bad request: every stream fails, the loop goes on
+        log.error("stream engine round failed; ending every stream", exc_info=error)
+        self.close(error)
 
     def _free_rows(self) -> int:
         return max(self.config.max_streams - self.scheduler.n_active - self.scheduler.n_waiting, 0)
