@@ -295,7 +295,7 @@ class Pipeline:
 
     # -- a request -------------------------------------------------------------------------------
 
-    def _speakable(self, sentences: list[str], language: Language) -> Iterator[tuple[SentenceFeatures, bool]]:
+    def speakable(self, sentences: list[str], language: Language) -> Iterator[tuple[SentenceFeatures, bool]]:
         """Sentences with features and an is-last flag, looking one sentence ahead (g2p only)."""
         found = (f for s in sentences if (f := self.text_features(s, language)) is not None)
         current = next(found, None)
@@ -326,7 +326,7 @@ class Pipeline:
         pause = np.zeros(round(params.pause_s * SAMPLE_RATE), np.float32)
         fade = round(EDGE_FADE_S * SAMPLE_RATE)
         offset, n_chunks = 0, 0
-        for index, (sentence, is_last) in enumerate(self._speakable(sentences, params.text_language)):
+        for index, (sentence, is_last) in enumerate(self.speakable(sentences, params.text_language)):
             pieces = self._sentence_pieces(ref, sentence, params, sentence_seed(seed, index))
             for k, (audio, is_final_piece) in enumerate(pieces):
                 if index > 0 and k == 0:

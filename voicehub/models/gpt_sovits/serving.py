@@ -32,7 +32,6 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,7 +47,7 @@ from voicehub.models.gpt_sovits.batch_acoustic import (
     vocode_windows,
 )
 from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
-from voicehub.models.gpt_sovits.pipeline import MAX_SEED, SentenceFeatures
+from voicehub.models.gpt_sovits.pipeline import MAX_SEED
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
@@ -277,7 +276,7 @@ class StreamEngine:
         ref = pipeline.reference(stream.voice, params.prompt_language)
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
         chunk = params.stream_chunk_tokens or self.config.chunk_tokens
-        speakable = _speakable(pipeline, sentences, params.text_language)
+        speakable = pipeline.speakable(sentences, params.text_language)
         run = StreamRun(stream, ref, seed, int(chunk), speakable, pipeline, self.config.vocoder_bucket_frames)
         run.next_sentence()  # raises InvalidTextError when nothing is speakable
         return run
@@ -431,15 +430,3 @@ class StreamEngine:
         if run.is_done:
             self._runs.remove(run)
             run.stream._end(None)
-
-
-def _speakable(pipeline: Any, sentences: list[str], language: Any) -> Iterator[tuple[SentenceFeatures, bool]]:
-    """Sentences with features and an is-last flag, one sentence ahead (as the pipeline's stream)."""
-    found = (f for s in sentences if (f := pipeline.text_features(s, language)) is not None)
-    current = next(found, None)
-    if current is None:
-        raise InvalidTextError("the text has nothing speakable after normalisation")
-    for following in found:
-        yield current, False
-        current = following
-    yield current, True
