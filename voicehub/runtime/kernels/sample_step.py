@@ -53,13 +53,36 @@ def sample_step_reference(
     q = q[:, : logits.shape[1]]
     # sampling.draw: probs / q in the draw's own dtype, or in float32 against row_rng's noise
     tokens = torch.argmax(probs.to(q.dtype) / q, dim=-1)
+    active = ~state.done
+    record_step(state, buf, tokens, penalized, blocked, eos=eos, max_steps=max_steps)
+    if lengths is not None:
+        lengths.add_(active.long())
+        state.audio_pos.add_(active.long())
+    return tokens
+
+
+def record_step(
+    state: Any,
+    buf: SamplingBuffers,
+    tokens: torch.Tensor,
+    penalized: torch.Tensor,
+    blocked: torch.Tensor,
+    *,
+    eos: int,
+    max_steps: int,
+    rows: torch.Tensor | None = None,
+) -> None:
+    """The per-row bookkeeping after a draw (see the module docstring): stop decisions, out, seen,
+    tokens, step. tokens: [B] long; penalized: [B, V'] logits after the penalty; blocked: [B] bool,
+    EOS blocked; rows: arange(B) when the caller keeps one (a captured step saves a kernel)."""
     is_eos = ~blocked & ((tokens == eos) | (penalized.argmax(dim=-1) == eos))
     n_sampled = state.step + 1
     hit_cap = torch.where(
         state.forced, n_sampled >= state.cap, (n_sampled > state.cap) | (state.step == max_steps - 1)
     )
     active = ~state.done
-    rows = torch.arange(logits.shape[0], device=logits.device)
+    if rows is None:
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
     col = state.step.clamp(max=state.out.shape[1] - 1)
     state.out[rows, col] = torch.where(active, tokens, state.out[rows, col])
     newly_done = active & (is_eos | hit_cap)
@@ -69,7 +92,3 @@ def sample_step_reference(
     buf.mark_seen(tokens)
     state.tokens.copy_(tokens)
     state.step.add_((~state.done).long())
-    if lengths is not None:
-        lengths.add_(active.long())
-        state.audio_pos.add_(active.long())
-    return tokens

@@ -28,6 +28,7 @@ from voicehub.models.gpt_sovits.t2s.decode import (
     reseed,
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
+from voicehub.runtime.kernels.sample_step import record_step
 from voicehub.runtime.kernels.t2s_layer import EmbedWeights, LayerWeights, StackWeights
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
 from voicehub.runtime.sampling import SamplingBuffers, sample
@@ -242,21 +243,7 @@ def sample_step(
         logits = logits.clone()
         logits[:, eos] = logits[:, eos].masked_fill(blocked, float("-inf"))
     tokens, penalized = sample(logits, buf, generator, noise)
-    is_eos = ~blocked & ((tokens == eos) | (penalized.argmax(dim=-1) == eos))
-    n_sampled = state.step + 1
-    hit_cap = torch.where(
-        state.forced, n_sampled >= state.cap, (n_sampled > state.cap) | (state.step == MAX_DECODE_STEPS - 1)
-    )
-    active = ~state.done
-    col = state.step.clamp(max=state.out.shape[1] - 1)
-    state.out[state.rows, col] = torch.where(active, tokens, state.out[state.rows, col])
-    newly_done = active & (is_eos | hit_cap)
-    state.stop_step.copy_(torch.where(newly_done, state.step, state.stop_step))
-    state.stop_eos.copy_(torch.where(newly_done, is_eos, state.stop_eos))
-    state.done.logical_or_(newly_done)
-    buf.mark_seen(tokens)
-    state.tokens.copy_(tokens)
-    state.step.add_((~state.done).long())
+    record_step(state, buf, tokens, penalized, blocked, eos=eos, max_steps=MAX_DECODE_STEPS, rows=state.rows)
     return tokens
 
 
