@@ -1,0 +1,417 @@
+"""The post-norm decode stack (`t2s_layer.py`) for many rows: tensor-core tiles over blocks of rows.
+
+`t2s_layer_triton` walks rows one at a time through GEMVs, which is the fastest at one row but
+re-reads every weight tile per row group. Here each GEMM program multiplies BLOCK_M rows at once
+(tl.dot: fp16 operands, fp32 accumulation), five kernels per layer:
+  qkv        x [BLOCK_M, D] @ W_qkv^T + b; x is the input (layer 0) or the previous layer's LN2,
+             recomputed by every program from x_ffn and the FFN's fp32 output (two passes: the rows'
+             statistics, then the normalised K chunks); q to a buffer, k and v into the cache at slot lengths[b];
+  attention  one program per (row, head, block of slots) below the row's length; the last of a
+             (row, head) to finish (an int32 counter per program, not per element) merges the blocks
+             in a fixed order and writes the head's 32 values, rounded to the model dtype;
+  out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K);
+  ffn1       LN1(x + out + b_o) @ W1^T + b1, relu, stored in the model dtype (as torch rounds it);
+  ffn2       h @ W2^T, stored as fp32: the next layer's qkv (or the head) adds b2 and normalises.
+No sum crosses programs but the attention merge, so nothing waits on float atomics and nothing is
+summed in an order that depends on the batch. A row's numbers do not depend on the other rows, the
+batch size or the KV bucket: every block size is fixed per model shape (`config_for`), rows past
+the batch are masked to zero, and a tile's output element depends only on its own row and column.
+Scratch buffers come per call (inside a CUDA graph, from the graph's pool); the attention counters
+are zeroed by the qkv kernel before the attention kernel counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
+
+MIN_DOT = 16  # tl.dot's smallest tile side
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Rows per GEMM program (block_m), outputs per qkv / out-proj / ffn2 / head program (block_n),
+    the reduction chunk (block_k), hidden units per ffn1 program (ffn_block), KV slots per attention
+    program (attn_block), and warps. Every field changes the order of float operations or the MMA
+    instruction: fixed per model shape, never chosen by the batch size or the bucket."""
+
+    block_m: int = 16
+    block_n: int = 32
+    block_k: int = 64
+    ffn_block: int = 64
+    attn_block: int = 64
+    gemm_warps: int = 4
+    attn_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
+        for name in ("block_m", "block_n", "block_k", "ffn_block"):
+            if getattr(self, name) < MIN_DOT:
+                raise ValueError(f"MmaConfig.{name} must be >= {MIN_DOT} (tl.dot's smallest tile)")
+
+
+# (dim, ffn_dim, n_head, vocab) -> config. v3 at 64 rows: 4 row blocks x 48 qkv, 16 out-proj and
+# ffn2, 32 ffn1 programs; untuned on the H200 yet (benchmarks/t2s_layer_bench.py --mma-sweep)
+CONFIGS = {(512, 2048, 16, 1025): MmaConfig()}
+
+
+def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
+    """The table's entry, else the defaults with the reduction chunk no wider than the model."""
+    if (dim, ffn_dim, n_head, vocab) in CONFIGS:
+        return CONFIGS[dim, ffn_dim, n_head, vocab]
+    return MmaConfig(block_k=max(MIN_DOT, min(64, triton.next_power_of_2(dim))))
+
+
+@triton.jit
+def _mm(a, b, acc, IEEE: tl.constexpr):
+    # fp32 operands (tests, fp32 models) in full precision, not TF32; fp16 ones on the tensor cores
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype: tl.constexpr):
+    # rnd(residual + rnd(out + bias)) [BLOCK_M, cols]: the unfused ops round the linear, then the sum
+    offs = rows[:, None] * dim + cols[None, :]
+    bias = tl.load(bias_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
+    branch = (tl.load(out_ptr + offs, mask=mask, other=0.0) + bias[None, :]).to(dtype).to(tl.float32)
+    s = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + branch
+    return s.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _row_stats(res_ptr, out_ptr, bias_ptr, rows, rmask, dim, eps, BLOCK_D: tl.constexpr, dtype: tl.constexpr):
+    # mean and 1/std [BLOCK_M] of each row's post-norm input, over the whole row at once
+    cols = tl.arange(0, BLOCK_D)
+    mask = rmask[:, None] & (cols < dim)[None, :]
+    s = _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype)
+    mean = tl.sum(s, axis=1) / dim
+    centred = tl.where(mask, s - mean[:, None], 0.0)
+    return mean, tl.rsqrt(tl.sum(centred * centred, axis=1) / dim + eps)
+
+
+@triton.jit
+def _normed(
+    res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, cols, mask, dim, mean, inv_std, dtype: tl.constexpr
+):
+    # LN of a [BLOCK_M, BLOCK_K] chunk from the rows' statistics, rounded where the unfused norm stores
+    s = _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype)
+    w = tl.load(nw_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
+    b = tl.load(nb_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
+    y = (s - mean[:, None]) * inv_std[:, None] * w[None, :] + b[None, :]
+    return tl.where(mask, y, 0.0).to(dtype)
+
+
+@triton.jit
+def _normed_dot(
+    x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, w_ptr, keep_ptr, keep, rows, rmask, outs, n_out, dim, eps,
+    RAW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, dtype: tl.constexpr,
+):  # fmt: skip
+    # [BLOCK_M, BLOCK_N] fp32 = x @ W[outs]^T, x = the raw rows (RAW) or LN(x + rnd(out + bias)); keep:
+    # this program also stores x (the layer's residual) to keep_ptr
+    if not RAW:
+        mean, inv_std = _row_stats(x_ptr, out_ptr, bias_ptr, rows, rmask, dim, eps, BLOCK_D, dtype)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, dim, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask = rmask[:, None] & (ks < dim)[None, :]
+        if RAW:
+            x = tl.load(x_ptr + rows[:, None] * sxb + ks[None, :], mask=mask, other=0.0)
+        else:
+            x = _normed(x_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, ks, mask, dim, mean, inv_std, dtype)
+        if keep:
+            tl.store(keep_ptr + rows[:, None] * dim + ks[None, :], x, mask=mask)
+        w = tl.load(w_ptr + outs[None, :] * dim + ks[:, None], mask=(outs < n_out)[None, :] & (ks < dim)[:, None],
+                    other=0.0)  # fmt: skip
+        acc = _mm(x, w, acc, IEEE)
+    return acc
+
+
+@triton.jit
+def _qkv_kernel(
+    x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, bias_ptr,
+    q_ptr, xa_ptr, count_ptr, k_ptr, v_ptr, len_ptr,
+    n_rows, dim, max_slots, eps, skb, skh, sks, svb, svh, svs,
+    N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    dtype = q_ptr.dtype.element_ty
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < n_rows
+    outs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if pid == 0:  # the counters the attention kernel adds to start at 0
+        heads = tl.arange(0, HEADS)
+        tl.store(count_ptr + rows[:, None] * N_HEAD + heads[None, :], tl.zeros([BLOCK_M, HEADS], tl.int32),
+                 mask=rmask[:, None] & (heads < N_HEAD)[None, :])  # fmt: skip
+    acc = _normed_dot(
+        x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, pid == 0, rows, rmask, outs, 3 * dim,
+        dim, eps, FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, dtype,
+    )  # fmt: skip
+    bias = tl.load(bias_ptr + outs, mask=outs < 3 * dim, other=0.0).to(tl.float32)
+    y = (acc + bias[None, :]).to(dtype)
+    part, head, d = outs // dim, (outs % dim) // HEAD_DIM, outs % HEAD_DIM  # part 0: q, 1: k, 2: v
+    tl.store(q_ptr + rows[:, None] * dim + outs[None, :], y, mask=rmask[:, None] & (outs < dim)[None, :])
+    slot = tl.load(len_ptr + rows, mask=rmask, other=max_slots).to(tl.int64)
+    ok = (rmask & (slot < max_slots))[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    k_off = r64 * skb + (head * skh + d)[None, :] + slot[:, None] * sks
+    v_off = r64 * svb + (head * svh + d)[None, :] + slot[:, None] * svs
+    tl.store(k_ptr + k_off, y, mask=ok & (part == 1)[None, :])
+    tl.store(v_ptr + v_off, y, mask=ok & (part == 2)[None, :])
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
+    n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
+    SPLITS: tl.constexpr,
+):  # fmt: skip
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
+    slots = split * BLOCK_S + tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, DH)
+    dmask = dims < HEAD_DIM
+    live = slots < n
+    kv_mask = live[:, None] & dmask[None, :]
+    b64 = b.to(tl.int64)
+    q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + b64 * skb + h * skh + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + b64 * svb + h * svh + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
+    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+    m = tl.max(s, axis=0)
+    p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m))  # 0 for dead slots, no NaN when all are
+    base = (b * N_HEAD + h) * SPLITS
+    tl.store(part_ptr + (base + split) * DH + dims, tl.sum(p[:, None] * v.to(tl.float32), axis=0))
+    tl.store(m_ptr + base + split, m)
+    tl.store(l_ptr + base + split, tl.sum(p, axis=0))
+    tl.debug_barrier()  # every thread's partial is written before the counter says so
+    if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
+        # the last block of this (row, head) merges all blocks in a fixed order and shape (SPLITS
+        # does not depend on the bucket; blocks past the length hold m = -inf and weigh exactly 0)
+        idx = tl.arange(0, SPLITS)
+        have = idx < n_splits
+        ms = tl.load(m_ptr + base + idx, mask=have, other=float("-inf"), volatile=True)
+        ls = tl.load(l_ptr + base + idx, mask=have, other=0.0, volatile=True)
+        accs = tl.load(part_ptr + (base + idx)[:, None] * DH + dims[None, :], mask=have[:, None], other=0.0,
+                       volatile=True)  # fmt: skip
+        weight = tl.exp(ms - tl.max(ms, axis=0))  # slot 0 is live in block 0: the max is finite
+        a = tl.sum(weight[:, None] * accs, axis=0) / tl.sum(weight * ls, axis=0)
+        tl.store(attn_ptr + b * dim + h * HEAD_DIM + dims, a.to(attn_ptr.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _linear_kernel(
+    a_ptr, w_ptr, out_ptr, n_rows, n_out, n_in,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    # out [B, n_out] fp32 = a [B, n_in] @ W [n_out, n_in]^T, bias-free (the next kernel adds it)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask, omask = rows < n_rows, outs < n_out
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, n_in, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < n_in
+        a = tl.load(
+            a_ptr + rows[:, None] * n_in + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0
+        )
+        w = tl.load(
+            w_ptr + outs[None, :] * n_in + ks[:, None], mask=omask[None, :] & kmask[:, None], other=0.0
+        )
+        acc = _mm(a, w, acc, IEEE)
+    tl.store(out_ptr + rows[:, None] * n_out + outs[None, :], acc, mask=rmask[:, None] & omask[None, :])
+
+
+@triton.jit
+def _ffn1_kernel(
+    xa_ptr, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, xf_ptr, h_ptr, n_rows, dim, ffn_dim, eps,
+    BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    # x1 = LN1(x + rnd(out + b_o)) (program 0 keeps it: the FFN's residual); h = relu(rnd(x1 W1^T + b1))
+    pid = tl.program_id(0)
+    dtype = h_ptr.dtype.element_ty
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < n_rows
+    hid = pid * BLOCK_F + tl.arange(0, BLOCK_F)
+    acc = _normed_dot(
+        xa_ptr, dim, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, xf_ptr, pid == 0, rows, rmask, hid, ffn_dim,
+        dim, eps, False, BLOCK_M, BLOCK_F, BLOCK_K, BLOCK_D, IEEE, dtype,
+    )  # fmt: skip
+    b1 = tl.load(b1_ptr + hid, mask=hid < ffn_dim, other=0.0).to(tl.float32)
+    h = tl.maximum((acc + b1[None, :]).to(dtype), 0.0).to(dtype)
+    tl.store(
+        h_ptr + rows[:, None] * ffn_dim + hid[None, :], h, mask=rmask[:, None] & (hid < ffn_dim)[None, :]
+    )
+
+
+@triton.jit
+def _head_kernel(
+    xf_ptr, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, logits_ptr, n_rows, dim, vocab, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    dtype = logits_ptr.dtype.element_ty
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < n_rows
+    outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _normed_dot(
+        xf_ptr, dim, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, xf_ptr, False, rows, rmask, outs, vocab, dim,
+        eps, False, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, dtype,
+    )  # fmt: skip
+    mask = rmask[:, None] & (outs < vocab)[None, :]
+    tl.store(logits_ptr + rows[:, None] * vocab + outs[None, :], acc.to(dtype), mask=mask)
+
+
+@dataclass
+class Scratch:
+    """Buffers the kernels hand to each other, [B, D] unless noted: q, x_attn (a layer's input),
+    x_ffn (LN1's output), attn (merged heads), model dtype; out_attn, out_ffn (bias-free linear
+    outputs, fp32); h [B, F] (the FFN's hidden units); count [B, H] int32; the attention blocks'
+    partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32)."""
+
+    q: torch.Tensor
+    x_attn: torch.Tensor
+    x_ffn: torch.Tensor
+    attn: torch.Tensor
+    out_attn: torch.Tensor
+    out_ffn: torch.Tensor
+    h: torch.Tensor
+    count: torch.Tensor
+    m: torch.Tensor
+    l: torch.Tensor  # noqa: E741
+    part: torch.Tensor
+    splits: int  # attention blocks of the whole cache: the merge's fixed shape
+
+    @classmethod
+    def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
+        n_head, (_, dim) = weights.n_head, weights.head_weight.shape
+        ffn_dim = weights.layers[0].ffn1_weight.shape[0]
+        dtype, dev = weights.head_weight.dtype, weights.head_weight.device
+        splits = triton.next_power_of_2(triton.cdiv(max_slots, cfg.attn_block))
+        n_part = n_rows * n_head * splits
+        xs = torch.empty(4, n_rows, dim, device=dev, dtype=dtype)
+        outs = torch.empty(2, n_rows, dim, device=dev, dtype=torch.float32)
+        h = torch.empty(n_rows, ffn_dim, device=dev, dtype=dtype)
+        count = torch.empty(n_rows, n_head, device=dev, dtype=torch.int32)
+        stats = torch.empty(2, n_part, device=dev, dtype=torch.float32)
+        part = torch.empty(n_part, triton.next_power_of_2(dim // n_head), device=dev, dtype=torch.float32)
+        return cls(*xs, *outs, h, count, stats[0], stats[1], part, splits)
+
+
+def _dims(s: Scratch, cfg: MmaConfig) -> dict:
+    dim = s.q.shape[1]
+    return dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=triton.next_power_of_2(dim),
+                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps)  # fmt: skip
+
+
+def qkv_stage(
+    s: Scratch, x_in: torch.Tensor, prev: LayerWeights | None, layer: LayerWeights,
+    k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor, eps: float, cfg: MmaConfig,
+) -> None:  # fmt: skip
+    """x_in: the input [B, D] (prev None) or the previous x_ffn with s.out_ffn: writes s.x_attn, s.q,
+    k and v at slot lengths; zeroes s.count."""
+    (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
+    p = prev or layer  # unused by the first layer
+    _qkv_kernel[(triton.cdiv(3 * dim, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
+        x_in, x_in.stride(0), s.out_ffn, p.ffn2_bias, p.norm2_weight, p.norm2_bias, layer.qkv_weight,
+        layer.qkv_bias, s.q, s.x_attn, s.count, k_layer, v_layer, lengths,
+        n_rows, dim, k_layer.shape[2], eps, *k_layer.stride()[:3], *v_layer.stride()[:3],
+        N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head, FIRST=prev is None,
+        BLOCK_N=cfg.block_n, **_dims(s, cfg),
+    )  # fmt: skip
+
+
+def attention_stage(
+    s: Scratch, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor, n_slots: int,
+    cfg: MmaConfig,
+) -> None:  # fmt: skip
+    """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype)."""
+    (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
+    head_dim = dim // n_head
+    n_splits = triton.cdiv(n_slots, cfg.attn_block)
+    _attention_kernel[(n_splits, n_head, n_rows)](
+        s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
+        n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
+        N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, SPLITS=s.splits,
+        num_warps=cfg.attn_warps,
+    )  # fmt: skip
+
+
+def linear_stage(a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: MmaConfig) -> None:
+    """out [B, N] fp32 = a [B, K] @ weight [N, K]^T (the out-projection and the FFN's second linear)."""
+    n_rows, n_in = a.shape
+    n_out = weight.shape[0]
+    _linear_kernel[(triton.cdiv(n_out, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
+        a, weight, out, n_rows, n_out, n_in, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps,
+    )  # fmt: skip
+
+
+def ffn1_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
+    """x1 = LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn; relu(x1 W1^T + b1) -> s.h."""
+    n_rows, dim = s.q.shape
+    ffn_dim = s.h.shape[1]
+    _ffn1_kernel[(triton.cdiv(ffn_dim, cfg.ffn_block), triton.cdiv(n_rows, cfg.block_m))](
+        s.x_attn, s.out_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, layer.ffn1_weight,
+        layer.ffn1_bias, s.x_ffn, s.h, n_rows, dim, ffn_dim, eps, BLOCK_F=cfg.ffn_block, **_dims(s, cfg),
+    )  # fmt: skip
+
+
+def head_stage(
+    s: Scratch,
+    last: LayerWeights,
+    head_weight: torch.Tensor,
+    logits: torch.Tensor,
+    eps: float,
+    cfg: MmaConfig,
+) -> None:
+    """LN2(s.x_ffn + s.out_ffn + b2) of the last layer @ head^T -> logits [B, V]."""
+    n_rows, dim = s.q.shape
+    vocab = head_weight.shape[0]
+    _head_kernel[(triton.cdiv(vocab, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
+        s.x_ffn, s.out_ffn, last.ffn2_bias, last.norm2_weight, last.norm2_bias, head_weight, logits,
+        n_rows, dim, vocab, eps, BLOCK_N=cfg.block_n, **_dims(s, cfg),
+    )  # fmt: skip
+
+
+def decode_stack_mma(
+    x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    lengths: torch.Tensor, n_slots: int, *, config: MmaConfig | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The `triton` backend of T2S_LAYER_STACK_ROWS: x [B, D] -> logits [B, V] in x's dtype, the
+    contract of T2S_LAYER_STACK (`t2s_layer.py`), tiled over rows for batches of many streams.
+
+    config: block sizes overriding `config_for` (for tuning; other blocks change the rounding)."""
+    check_args(x, weights, k_cache, v_cache, lengths, n_slots)
+    (vocab, dim), n_rows = weights.head_weight.shape, x.shape[0]
+    cfg = config or config_for(dim, weights.layers[0].ffn1_weight.shape[0], weights.n_head, vocab)
+    s = Scratch.allocate(n_rows, weights, k_cache.shape[3], cfg)
+    x_in, prev = x, None
+    for i, layer in enumerate(weights.layers):
+        qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
+        attention_stage(s, k_cache[i], v_cache[i], lengths, n_slots, cfg)
+        linear_stage(s.attn, layer.out_weight, s.out_attn, cfg)
+        ffn1_stage(s, layer, weights.eps, cfg)
+        linear_stage(s.h, layer.ffn2_weight, s.out_ffn, cfg)
+        x_in, prev = s.x_ffn, layer
+    logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
+    head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
+    return logits
