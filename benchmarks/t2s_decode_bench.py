@@ -18,6 +18,8 @@ steps); a divergence passes the margin rule only where that margin is within its
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import platform
@@ -211,6 +213,14 @@ def main() -> None:
     embed_stack = registry.resolve(registry.T2S_EMBED_STACK, "triton", dev)
     embed_kernels = StepKernels(embed_stack=embed_stack, sampler=sampler)
     _, result["capture_fused_embed_s"] = timed(lambda: fused_embed.set_step_kernels(embed_kernels))
+    # the full step without programmatic dependent launch (the kernels' default where the GPU has it)
+    from voicehub.runtime.kernels import t2s_layer_triton  # after the interpreter switch above
+
+    fused_nopdl = T2SGraphDecoder(model, engine, preset="full" if on_gpu else "off")
+    shape = (config.hidden_dim, 4 * config.hidden_dim, config.n_head, config.vocab_size)
+    no_pdl = dataclasses.replace(t2s_layer_triton.config_for(*shape), pdl=False)
+    nopdl_stack = functools.partial(t2s_layer_triton.decode_stack_triton, config=no_pdl)
+    fused_nopdl.set_step_kernels(StepKernels(layer_stack=nopdl_stack, sampler=sampler))
     rows = [
         speed("eager", lambda: decode(model, phones, bert, prompt, greedy), n, args.reps),
         speed("static_kv", lambda: static.decode([reqs["greedy"]]), n, args.reps),
@@ -219,6 +229,7 @@ def main() -> None:
         speed("graphs_fused_layers", lambda: layers_only.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_fused", lambda: fused.decode([reqs["greedy"]]), n, args.reps),
         speed("graphs_fused_embed", lambda: fused_embed.decode([reqs["greedy"]]), n, args.reps),
+        speed("graphs_fused_nopdl", lambda: fused_nopdl.decode([reqs["greedy"]]), n, args.reps),
     ]
     result["speed"] = rows
     if on_gpu:

@@ -15,6 +15,9 @@ Partial sums that cross programs (heads of the out-projection, hidden blocks of 
 32.32 fixed-point int64 with integer atomics: the sum is exact whatever the order, so results are
 deterministic and a row's numbers do not depend on the batch, its bucket or the other rows. (fp32
 atomics would make results vary run to run; a second reduction pass costs a kernel per layer.)
+On Hopper and later the kernels use programmatic dependent launch (`_await_previous`): each one is
+launched while the previous one still runs and loads its weights before it waits for it, so the launch
+gaps and the weight loads overlap the previous kernel's tail (`StackConfig.pdl=False` turns it off).
 Block sizes depend only on the model's shape and the cache size (`config_for`), never on the batch
 or the bucket, for the same reason. Scratch buffers are allocated per call: inside a CUDA graph they
 come from the graph's pool, and every accumulator is zeroed by the kernel before the one that adds.
@@ -22,6 +25,7 @@ come from the graph's pool, and every accumulator is zeroed by the kernel before
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -29,6 +33,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from voicehub.runtime.kernels.t2s_layer import (
     FIXED_POINT_SCALE,
@@ -46,7 +51,7 @@ _UNFIXED = tl.constexpr(1.0 / FIXED_POINT_SCALE)
 @dataclass(frozen=True)
 class StackConfig:
     """Per kernel: outputs (qkv, head), KV slots (attention) or hidden units (ffn) per program, and
-    warps. All but rows_per_program change the order of float additions: fixed per model shape."""
+    warps. All but rows_per_program and pdl change the order of float additions: fixed per model shape."""
 
     qkv_block: int = 16
     attn_block: int = 64
@@ -57,10 +62,11 @@ class StackConfig:
     ffn_warps: int = 4
     head_warps: int = 4
     rows_per_program: int = 4  # batch rows a GEMV program walks through with its weights in registers
+    pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if value < 1 or value & (value - 1):
+            if name != "pdl" and (value < 1 or value & (value - 1)):
                 raise ValueError(f"StackConfig.{name} must be a power of two, got {value}")
 
 
@@ -77,6 +83,16 @@ def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> StackConfig:
         return CONFIGS[dim, ffn_dim, n_head, vocab]
     rows = max(1, 32768 // triton.next_power_of_2(dim))  # weight rows per program
     return StackConfig(qkv_block=rows, ffn_block=max(1, rows // 2), head_block=rows)
+
+
+@triton.jit
+def _await_previous(PDL: tl.constexpr):
+    # Programmatic dependent launch: a kernel may start while the one before it finishes, so each kernel
+    # loads only its weights (which no kernel writes) before this point, and reads or writes every other
+    # buffer after it. It lets the next kernel launch at once and waits for the previous one to complete.
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit
@@ -114,7 +130,7 @@ def _qkv_kernel(
     tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr,
     n_rows, dim, max_slots, eps, sxb, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FIRST: tl.constexpr,
-    EMBED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    EMBED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     dtype = q_ptr.dtype.element_ty
@@ -128,6 +144,7 @@ def _qkv_kernel(
     head = (outs % dim) // HEAD_DIM
     d = outs % HEAD_DIM
     heads = tl.arange(0, HEADS)
+    _await_previous(PDL)
     for i in range(ROWS):
         b = tl.program_id(1) * ROWS + i
         ok = b < n_rows  # masks below compare with a limit that is 0 past the batch
@@ -158,8 +175,9 @@ def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, wo_ptr, acc_attn_ptr, acc_ffn_ptr,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _await_previous(PDL)  # nothing of this kernel's own to read first (W_o only in the merging program)
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -208,7 +226,7 @@ def _attention_kernel(
 def _ffn_kernel(
     xa_ptr, acc_attn_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, w2_ptr, xf_ptr, acc_ffn_ptr,
     n_rows, dim, ffn_dim, eps,
-    BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     dtype = xf_ptr.dtype.element_ty
@@ -220,6 +238,7 @@ def _ffn_kernel(
     w1 = tl.load(w1_ptr + hid[:, None] * dim + cols[None, :], mask=wmask, other=0.0)
     b1 = tl.load(b1_ptr + hid, mask=hmask, other=0.0).to(tl.float32)
     w2t = tl.load(w2_ptr + cols[None, :] * ffn_dim + hid[:, None], mask=wmask, other=0.0)  # W2[:, hid]^T
+    _await_previous(PDL)
     for i in range(ROWS):
         b = tl.program_id(1) * ROWS + i
         row_cols = cols < tl.where(b < n_rows, dim, 0)
@@ -235,13 +254,14 @@ def _ffn_kernel(
 @triton.jit
 def _head_kernel(
     xf_ptr, acc_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, out_ptr, n_rows, dim, vocab, eps,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     omask = outs < vocab
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < dim
     w = tl.load(w_ptr + outs[:, None] * dim + cols[None, :], mask=omask[:, None] & cmask[None, :], other=0.0)
+    _await_previous(PDL)
     for i in range(ROWS):
         b = tl.program_id(1) * ROWS + i
         ok = b < n_rows
@@ -289,6 +309,18 @@ class Scratch:
         return cls(like_x(), like_x(), like_x(), acc[0], acc[1], count, stats[0], stats[1], part, splits)
 
 
+@functools.cache
+def _has_pdl(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _launch(cfg: StackConfig, device: torch.device) -> dict:
+    """Launch options: PDL (the kernels' constexpr and Triton's launch flag) where the config asks and the
+    GPU has it (Hopper and later); never on the CPU interpreter."""
+    pdl = cfg.pdl and _has_pdl(device)
+    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
+
+
 def _rows(n_rows: int, cfg: StackConfig) -> int:
     return min(cfg.rows_per_program, triton.next_power_of_2(n_rows))
 
@@ -320,7 +352,7 @@ def qkv_stage(
         n_rows, dim, k_layer.shape[2], eps, x.stride(0), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head, FIRST=prev is None,
         EMBED=is_embed, BLOCK_N=cfg.qkv_block, BLOCK_D=triton.next_power_of_2(dim), ROWS=rows,
-        num_warps=cfg.qkv_warps,
+        num_warps=cfg.qkv_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
@@ -336,7 +368,7 @@ def attention_stage(
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, out_weight, s.acc_attn, s.acc_ffn,
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, SPLITS=s.splits,
-        BLOCK_D=triton.next_power_of_2(dim), num_warps=cfg.attn_warps,
+        BLOCK_D=triton.next_power_of_2(dim), num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
@@ -349,6 +381,7 @@ def ffn_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: StackConfig) -> 
         s.x_attn, s.acc_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, layer.ffn1_weight,
         layer.ffn1_bias, layer.ffn2_weight, s.x_ffn, s.acc_ffn, n_rows, dim, ffn_dim, eps,
         BLOCK_F=cfg.ffn_block, BLOCK_D=triton.next_power_of_2(dim), ROWS=rows, num_warps=cfg.ffn_warps,
+        **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
@@ -363,6 +396,7 @@ def head_stage(
         s.x_ffn, s.acc_ffn, last.ffn2_bias, last.norm2_weight, last.norm2_bias, head_weight, out,
         n_rows, dim, vocab, eps,
         BLOCK_N=cfg.head_block, BLOCK_D=triton.next_power_of_2(dim), ROWS=rows, num_warps=cfg.head_warps,
+        **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
