@@ -122,7 +122,11 @@ def test_triton_transform_routes_the_t2s_graph_decoder_and_undoes(model, monkeyp
     transform = KernelBackendTransform(model, KernelBackend.TRITON)
     transform.validate()
     undo = transform.apply()
-    want = StepKernels(layer_stack=stubs[registry.T2S_LAYER_STACK], sampler=stubs[registry.T2S_SAMPLE_STEP])
+    want = StepKernels(
+        layer_stack=stubs[registry.T2S_LAYER_STACK],
+        layer_stack_rows=stubs[registry.T2S_LAYER_STACK_ROWS],
+        sampler=stubs[registry.T2S_SAMPLE_STEP],
+    )
     assert pipe.t2s_decoder.kernels == want
     assert _activation_kernels(model) == {stubs[registry.ANTI_ALIAS_SNAKE]}
     undo()

@@ -2,7 +2,8 @@
 
 `kernel_backend` torch / triton routes BigVGAN's anti-aliased Snake through the kernel registry's
 implementation on that backend (`BigVGAN.set_activation_kernel`); triton also runs the T2S graph
-decoder's layers through the registry's fused T2S_LAYER_STACK and its sampling and state updates
+decoder's layers through the registry's fused T2S_LAYER_STACK (T2S_LAYER_STACK_ROWS where an engine
+batches many streams: `StepKernels.for_rows`) and its sampling and state updates
 through T2S_SAMPLE_STEP (`Pipeline.set_t2s_step_kernels`; the
 eager reference path, used on the CPU and with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
 code never picks a kernel: it calls whatever function its instance holds.
@@ -53,7 +54,10 @@ class KernelBackendTransform:
     def ops(self) -> tuple[str, ...]:
         """The registry ops this backend's transform routes."""
         if self.backend is KernelBackend.TRITON:
-            return (registry.ANTI_ALIAS_SNAKE, registry.T2S_LAYER_STACK, registry.T2S_SAMPLE_STEP)
+            return (
+                registry.ANTI_ALIAS_SNAKE, registry.T2S_LAYER_STACK, registry.T2S_LAYER_STACK_ROWS,
+                registry.T2S_SAMPLE_STEP,
+            )  # fmt: skip
         return (registry.ANTI_ALIAS_SNAKE,)
 
     def validate(self) -> None:
@@ -72,7 +76,9 @@ class KernelBackendTransform:
         undos: list[Undo] = [lambda: pipe.vocoder.set_activation_kernel(previous)]
         if registry.T2S_LAYER_STACK in kernels and pipe.t2s_decoder is not None:
             step = StepKernels(
-                layer_stack=kernels[registry.T2S_LAYER_STACK], sampler=kernels[registry.T2S_SAMPLE_STEP]
+                layer_stack=kernels[registry.T2S_LAYER_STACK],
+                layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
+                sampler=kernels[registry.T2S_SAMPLE_STEP],
             )
             try:
                 previous_step = pipe.set_t2s_step_kernels(step)

@@ -34,6 +34,8 @@ ANTI_ALIAS_SNAKE = "anti_alias_snake"  # f(x, up_filter, down_filter, alpha, bet
 ADD_LAYER_NORM = "add_layer_norm"  # f(x, residual, weight, bias, eps) -> LayerNorm(x + residual)
 DECODE_ATTENTION = "decode_attention"  # f(q, k, v, n_valid, scale) -> out
 T2S_LAYER_STACK = "t2s_layer_stack"  # f(x, weights, k_cache, v_cache, lengths, n_slots) -> logits
+# T2S_LAYER_STACK's signature and definition, tiled over blocks of rows: for batches of many streams
+T2S_LAYER_STACK_ROWS = "t2s_layer_stack_rows"
 # f(tokens, audio_pos, embed, weights, k_cache, v_cache, lengths, n_slots) -> logits (embedding inside)
 T2S_EMBED_STACK = "t2s_embed_layer_stack"
 T2S_SAMPLE_STEP = (
@@ -72,6 +74,12 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.t2s_layer_triton:decode_stack_triton",
             }
         ),
+        T2S_LAYER_STACK_ROWS: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.t2s_layer:decode_stack_reference",
+                Backend.TRITON: f"{_PKG}.t2s_layer_mma_triton:decode_stack_mma",
+            }
+        ),
         T2S_EMBED_STACK: MappingProxyType(
             {
                 Backend.TORCH: f"{_PKG}.t2s_layer:embed_stack_reference",
@@ -93,6 +101,7 @@ _REFERENCES = MappingProxyType(
         ADD_LAYER_NORM: f"{_PKG}.add_layer_norm:add_layer_norm_reference",
         DECODE_ATTENTION: f"{_PKG}.decode_attention:decode_attention_reference",
         T2S_LAYER_STACK: f"{_PKG}.t2s_layer:decode_stack_reference",
+        T2S_LAYER_STACK_ROWS: f"{_PKG}.t2s_layer:decode_stack_reference",
         T2S_EMBED_STACK: f"{_PKG}.t2s_layer:embed_stack_reference",
         T2S_SAMPLE_STEP: f"{_PKG}.sample_step:sample_step_reference",
     }

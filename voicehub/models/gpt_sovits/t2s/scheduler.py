@@ -155,7 +155,7 @@ class T2SRowEngine(T2SStaticDecoder):
             n_slots,
             False,
             noise,
-            kernels=self.kernels,
+            kernels=self.kernels.for_rows(),  # the many-row stack, if the kernels have one
         )
 
     @torch.inference_mode()

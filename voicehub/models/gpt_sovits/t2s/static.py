@@ -14,7 +14,7 @@ full width instead (same greedy tokens; a different draw width, so sampled token
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -96,6 +96,8 @@ class StepKernels:
     embed_stack: T2S_EMBED_STACK `f(tokens [B], audio_pos [B], EmbedWeights, StackWeights, k, v, lengths,
     n_slots) -> logits [B, V]` (the layer stack with the input embedding gathered by its first kernel;
     when set, the step calls it instead of the embedding and the layers, and layer_stack is not used);
+    layer_stack_rows: T2S_LAYER_STACK_ROWS, layer_stack's signature tiled for many rows: what an engine
+    batching many streams steps with instead of both stacks (`for_rows`); single streams keep layer_stack;
     sampler: SAMPLE_STEP `f(logits [B, V'], q [B, >= V'], buf, state, lengths | None, *, eos, n_blocked,
     max_steps) -> tokens [B]` (the sampling chain, the stop logic and the state updates of
     `sample_step`, plus the KV-length and position advance of `decode_step`, in one op; the noise q
@@ -105,7 +107,15 @@ class StepKernels:
     add_layer_norm: Callable[..., torch.Tensor] | None = None
     layer_stack: Callable[..., torch.Tensor] | None = None
     embed_stack: Callable[..., torch.Tensor] | None = None
+    layer_stack_rows: Callable[..., torch.Tensor] | None = None
     sampler: Callable[..., torch.Tensor] | None = None
+
+    def for_rows(self) -> StepKernels:
+        """The kernels of an engine of many batched rows (`T2SRowEngine`): layer_stack_rows, when set,
+        as its layer stack (every batch bucket, so a row's numbers do not change with the bucket)."""
+        if self.layer_stack_rows is None:
+            return self
+        return replace(self, layer_stack=self.layer_stack_rows, embed_stack=None)
 
 
 NATIVE_KERNELS = StepKernels()
