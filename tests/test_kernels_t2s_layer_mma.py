@@ -1,0 +1,182 @@
+"""The many-row T2S stack (`t2s_layer_mma_triton`, op t2s_layer_stack_rows) against the torch definition,
+its batch invariance, and the row engine's use of it.
+
+CPU tests run the kernels in Triton's interpreter on tiny shapes, with blocks small enough that rows
+cross a row block's edge (block_m 16, 18 rows), the reduction has several chunks and lengths cross
+attention blocks; cache slots past each row's length are NaN, so a stale read fails the comparison.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+import torch
+from test_kernels import rel_l2
+from test_kernels_t2s_layer import (
+    MAX_SLOTS,
+    N_SLOTS,
+    SHAPE,
+    as_float,
+    random_weights,
+    stack_inputs,
+    weights_as,
+)
+
+from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
+from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
+from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
+from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SRequest
+from voicehub.runtime.kernels import registry
+from voicehub.runtime.kernels import t2s_layer as ref
+from voicehub.runtime.kernels.registry import T2S_LAYER_STACK, T2S_LAYER_STACK_ROWS
+from voicehub.runtime.scheduler import ContinuousScheduler
+
+FP32_TOL, FP16_TOL = 1e-5, 1e-2  # rel. L2
+MODULE = "voicehub.runtime.kernels.t2s_layer_mma_triton"
+BLOCKS = {"block_m": 16, "block_n": 16, "block_k": 16, "ffn_block": 32, "attn_block": 16}
+# 18 rows: two row blocks; lengths at the bucket's end, empty, mid-block and on block edges
+LENGTHS = [71, 0, 33, 45, 5, 16, 15, 17, 1, 2, 64, 47, 48, 31, 32, 60, 9, 70]
+
+
+@pytest.fixture(scope="module")
+def mk():
+    """The many-row Triton module, its kernels interpreted on the CPU."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (pip install triton): the many-row stack is untested here")
+    module = sys.modules.get(MODULE)
+    if module is not None and type(module._qkv_kernel).__name__ != "InterpretedFunction":
+        pytest.skip(f"{MODULE} was imported for a GPU before these tests; run them in their own process")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        reason = registry.available(T2S_LAYER_STACK_ROWS, "triton", "cpu")
+        if reason is not None:
+            pytest.skip(f"Triton interpreter unusable here: {reason}")
+        yield importlib.import_module(MODULE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_stack_matches_the_definition_across_row_blocks(mk, dtype):
+    x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
+    k_want, v_want = as_float(k), as_float(v)
+    want = ref.decode_stack_reference(
+        x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
+    )
+    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=mk.MmaConfig(**BLOCKS))
+    tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
+    assert got.dtype == dtype and rel_l2(got, want) <= tol
+    assert rel_l2(as_float(k), k_want) <= tol and rel_l2(as_float(v), v_want) <= tol
+    assert not got.isnan().any()
+
+
+def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk):
+    # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
+    # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
+    cfg = mk.MmaConfig(**BLOCKS)
+    x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
+    five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
+    big = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg)
+    assert len(set(lengths[:5].tolist())) == 5
+    for row, n_slots in ((3, N_SLOTS), (3, 48), (17, N_SLOTS)):
+        one = slice(row, row + 1)
+        alone = mk.decode_stack_mma(
+            x[one], w, k[:, one].clone(), v[:, one].clone(), lengths[one], n_slots, config=cfg
+        )
+        assert torch.equal(alone[0], big[row]), (row, n_slots)
+        if row < 5:
+            assert torch.equal(alone[0], five[row]), (row, n_slots)
+
+
+def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
+    x, w, k, v, lengths = stack_inputs(3, torch.float32, LENGTHS[:3])
+    want = ref.decode_stack_reference(
+        x.double(), weights_as(w, torch.Tensor.double), as_float(k), as_float(v), lengths, N_SLOTS
+    )
+    assert registry.reference(T2S_LAYER_STACK_ROWS) is ref.decode_stack_reference
+    assert registry.get(T2S_LAYER_STACK_ROWS, "triton") is mk.decode_stack_mma
+    assert (
+        rel_l2(registry.get(T2S_LAYER_STACK_ROWS, "triton")(x, w, k, v, lengths, N_SLOTS), want) <= FP32_TOL
+    )
+
+
+def test_stack_refuses_mismatched_arguments_and_configs(mk):
+    x, w, k, v, lengths = stack_inputs(1, torch.float32, [3])
+    with pytest.raises(ValueError, match="caches"):
+        mk.decode_stack_mma(x, w, k[:, :, :1], v[:, :, :1], lengths, N_SLOTS)
+    with pytest.raises(ValueError, match="n_slots"):
+        mk.decode_stack_mma(x, w, k, v, lengths, MAX_SLOTS + 1)
+    with pytest.raises(ValueError, match="power of two"):
+        mk.MmaConfig(attn_block=48)
+    with pytest.raises(ValueError, match="smallest tile"):
+        mk.MmaConfig(block_m=8)
+    assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
+
+
+# -- through the row engine ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = make_t2s_checkpoint(tmp_path_factory.mktemp("t2s") / "tiny.ckpt", "tiny", seed=0)
+    return load_t2s(path, dtype="float32")
+
+
+ENGINE = StaticDecodeConfig(max_batch=2, max_seq_len=64, kv_buckets=(32, 48), stop_check_interval=4)
+
+
+def _requests(config, forced: list[int]) -> list[T2SRequest]:
+    return [
+        T2SRequest(
+            *random_prompt(config, 9 + 4 * i, 12 + 3 * i, i), T2SSamplingParams.greedy(force_n_tokens=n)
+        )
+        for i, n in enumerate(forced)
+    ]
+
+
+def test_row_engine_steps_with_the_rows_stack_and_single_streams_keep_theirs(tiny):
+    # wiring: kernel_backend=triton gives StepKernels both stacks; the row engine calls only the rows one
+    calls = {"layers": 0, "rows": 0}
+
+    def counting(name):
+        def stack(*args):
+            calls[name] += 1
+            return ref.decode_stack_reference(*args)
+
+        return stack
+
+    kernels = StepKernels(layer_stack=counting("layers"), layer_stack_rows=counting("rows"))
+    assert kernels.for_rows().layer_stack is kernels.layer_stack_rows
+    assert StepKernels(layer_stack=kernels.layer_stack).for_rows().layer_stack is kernels.layer_stack
+    model, config = tiny
+    engine = T2SRowEngine(model, ENGINE, preset="off")
+    engine.set_step_kernels(kernels)
+    sched = ContinuousScheduler(engine)
+    handles = [sched.submit(r) for r in _requests(config, [10, 6])]
+    sched.run_until_idle()
+    assert calls["rows"] >= 9 and calls["layers"] == 0
+    assert engine.kernels is kernels  # the engine keeps what it was given (undo restores it)
+    for h, r in zip(handles, _requests(config, [10, 6])):
+        eager = decode(model, r.phone_ids, r.bert, r.prompt_tokens, r.params)
+        assert h.result().tokens.tolist() == eager.tokens.tolist()
+
+
+def test_row_engine_greedy_tokens_with_the_mma_stack_equal_eager(mk, tiny):
+    model, config = tiny
+    engine = T2SRowEngine(model, ENGINE, preset="off")
+    engine.set_step_kernels(
+        StepKernels(
+            layer_stack=registry.resolve(T2S_LAYER_STACK, "triton", "cpu"),
+            layer_stack_rows=registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cpu"),
+        )
+    )
+    sched = ContinuousScheduler(engine)
+    reqs = _requests(config, [7, 4])  # rows of different lengths; the second finishes and rides along
+    handles = [sched.submit(r) for r in reqs]
+    sched.run_until_idle()
+    for h, r in zip(handles, reqs):
+        eager = decode(model, r.phone_ids, r.bert, r.prompt_tokens, r.params)
+        assert h.result().tokens.tolist() == eager.tokens.tolist()
+        assert len(set(eager.tokens.tolist())) > 1  # non-degenerate: the comparison can fail
