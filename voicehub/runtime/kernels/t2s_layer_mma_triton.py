@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
+from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 
@@ -48,10 +49,11 @@ class MmaConfig:
     attn_block: int = 64
     gemm_warps: int = 4
     attn_warps: int = 4
+    pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if value < 1 or value & (value - 1):
+            if name != "pdl" and (value < 1 or value & (value - 1)):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
         for name in ("block_m", "block_n", "block_k", "ffn_block"):
             if getattr(self, name) < MIN_DOT:
@@ -114,13 +116,24 @@ def _normed(
 
 
 @triton.jit
+def _w_chunk(w_ptr, outs, n_out, ks, n_in):
+    # W[outs, ks]^T [BLOCK_K, BLOCK_N]; nothing is read past n_in (the prefetch after the last chunk)
+    mask = (outs < n_out)[None, :] & (ks < n_in)[:, None]
+    return tl.load(w_ptr + outs[None, :] * n_in + ks[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
 def _normed_dot(
     x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, w_ptr, keep_ptr, keep, rows, rmask, outs, n_out, dim, eps,
     RAW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, dtype: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, dtype: tl.constexpr,
 ):  # fmt: skip
     # [BLOCK_M, BLOCK_N] fp32 = x @ W[outs]^T, x = the raw rows (RAW) or LN(x + rnd(out + bias)); keep:
-    # this program also stores x (the layer's residual) to keep_ptr
+    # this program also stores x (the layer's residual) to keep_ptr. The first weight chunk (W's whole
+    # tile when BLOCK_K covers the row) is read before waiting for the previous kernel (PDL), each next
+    # one before the current one is multiplied.
+    w = _w_chunk(w_ptr, outs, n_out, tl.arange(0, BLOCK_K), dim)
+    _await_previous(PDL)
     if not RAW:
         mean, inv_std = _row_stats(x_ptr, out_ptr, bias_ptr, rows, rmask, dim, eps, BLOCK_D, dtype)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -133,9 +146,9 @@ def _normed_dot(
             x = _normed(x_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, ks, mask, dim, mean, inv_std, dtype)
         if keep:
             tl.store(keep_ptr + rows[:, None] * dim + ks[None, :], x, mask=mask)
-        w = tl.load(w_ptr + outs[None, :] * dim + ks[:, None], mask=(outs < n_out)[None, :] & (ks < dim)[:, None],
-                    other=0.0)  # fmt: skip
+        w_next = _w_chunk(w_ptr, outs, n_out, ks + BLOCK_K, dim)
         acc = _mm(x, w, acc, IEEE)
+        w = w_next
     return acc
 
 
@@ -146,21 +159,23 @@ def _qkv_kernel(
     n_rows, dim, max_slots, eps, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     dtype = q_ptr.dtype.element_ty
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_rows
     outs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    if pid == 0:  # the counters the attention kernel adds to start at 0
+    acc = _normed_dot(
+        x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, pid == 0, rows, rmask, outs, 3 * dim,
+        dim, eps, FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
+    )  # fmt: skip
+    if (
+        pid == 0
+    ):  # the counters the attention kernel adds to start at 0 (after the wait: the last one read them)
         heads = tl.arange(0, HEADS)
         tl.store(count_ptr + rows[:, None] * N_HEAD + heads[None, :], tl.zeros([BLOCK_M, HEADS], tl.int32),
                  mask=rmask[:, None] & (heads < N_HEAD)[None, :])  # fmt: skip
-    acc = _normed_dot(
-        x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, pid == 0, rows, rmask, outs, 3 * dim,
-        dim, eps, FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, dtype,
-    )  # fmt: skip
     bias = tl.load(bias_ptr + outs, mask=outs < 3 * dim, other=0.0).to(tl.float32)
     y = (acc + bias[None, :]).to(dtype)
     part, head, d = outs // dim, (outs % dim) // HEAD_DIM, outs % HEAD_DIM  # part 0: q, 1: k, 2: v
@@ -179,8 +194,9 @@ def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _await_previous(PDL)  # no weights here to read first
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -220,22 +236,22 @@ def _attention_kernel(
 def _linear_kernel(
     a_ptr, w_ptr, out_ptr, n_rows, n_out, n_in,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # out [B, n_out] fp32 = a [B, n_in] @ W [n_out, n_in]^T, bias-free (the next kernel adds it)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask, omask = rows < n_rows, outs < n_out
+    w = _w_chunk(w_ptr, outs, n_out, tl.arange(0, BLOCK_K), n_in)  # before the wait, as in _normed_dot
+    _await_previous(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, n_in, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < n_in
-        a = tl.load(
-            a_ptr + rows[:, None] * n_in + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0
-        )
-        w = tl.load(
-            w_ptr + outs[None, :] * n_in + ks[:, None], mask=omask[None, :] & kmask[:, None], other=0.0
-        )
+        a = tl.load(a_ptr + rows[:, None] * n_in + ks[None, :], mask=rmask[:, None] & (ks < n_in)[None, :],
+                    other=0.0)  # fmt: skip
+        w_next = _w_chunk(w_ptr, outs, n_out, ks + BLOCK_K, n_in)
         acc = _mm(a, w, acc, IEEE)
+        w = w_next
     tl.store(out_ptr + rows[:, None] * n_out + outs[None, :], acc, mask=rmask[:, None] & omask[None, :])
 
 
@@ -243,7 +259,7 @@ def _linear_kernel(
 def _ffn1_kernel(
     xa_ptr, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, xf_ptr, h_ptr, n_rows, dim, ffn_dim, eps,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # x1 = LN1(x + rnd(out + b_o)) (program 0 keeps it: the FFN's residual); h = relu(rnd(x1 W1^T + b1))
     pid = tl.program_id(0)
@@ -253,7 +269,7 @@ def _ffn1_kernel(
     hid = pid * BLOCK_F + tl.arange(0, BLOCK_F)
     acc = _normed_dot(
         xa_ptr, dim, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, xf_ptr, pid == 0, rows, rmask, hid, ffn_dim,
-        dim, eps, False, BLOCK_M, BLOCK_F, BLOCK_K, BLOCK_D, IEEE, dtype,
+        dim, eps, False, BLOCK_M, BLOCK_F, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
     )  # fmt: skip
     b1 = tl.load(b1_ptr + hid, mask=hid < ffn_dim, other=0.0).to(tl.float32)
     h = tl.maximum((acc + b1[None, :]).to(dtype), 0.0).to(dtype)
@@ -266,7 +282,7 @@ def _ffn1_kernel(
 def _head_kernel(
     xf_ptr, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, logits_ptr, n_rows, dim, vocab, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     dtype = logits_ptr.dtype.element_ty
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -274,7 +290,7 @@ def _head_kernel(
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _normed_dot(
         xf_ptr, dim, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, xf_ptr, False, rows, rmask, outs, vocab, dim,
-        eps, False, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, dtype,
+        eps, False, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
     )  # fmt: skip
     mask = rmask[:, None] & (outs < vocab)[None, :]
     tl.store(logits_ptr + rows[:, None] * vocab + outs[None, :], acc.to(dtype), mask=mask)
@@ -319,7 +335,7 @@ class Scratch:
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
     dim = s.q.shape[1]
     return dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=triton.next_power_of_2(dim),
-                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps)  # fmt: skip
+                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps, **_launch(cfg, s.q.device))  # fmt: skip
 
 
 def qkv_stage(
@@ -351,7 +367,7 @@ def attention_stage(
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, SPLITS=s.splits,
-        num_warps=cfg.attn_warps,
+        num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
@@ -361,7 +377,7 @@ def linear_stage(a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: 
     n_out = weight.shape[0]
     _linear_kernel[(triton.cdiv(n_out, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
         a, weight, out, n_rows, n_out, n_in, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps,
+        IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps, **_launch(cfg, a.device),
     )  # fmt: skip
 
 
