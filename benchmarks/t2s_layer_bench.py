@@ -8,10 +8,13 @@ first kernels of every layer (qkv; qkv + attention; qkv + attention + ffn; the w
 differences give each kernel's share. The torch definition in a graph is the baseline. At the
 table's config it also times the step's input embedding: `torch_embed+fused` (embed_audio_at's
 torch ops, then the x-taking stack: the step before the fusion) against `fused_embed` (the op
-t2s_embed_layer_stack, whose first kernel gathers the embedding), both checked against the definition. Random
-full-size weights, one KV length per row, the bucket above it. Prints a table; writes JSON to --out.
+t2s_embed_layer_stack, whose first kernel gathers the embedding), both checked against the definition.
+At every batch size it also times the many-row stack (`t2s_layer_stack_rows`, `t2s_layer_mma_triton`:
+path `mma`, with a per-kernel breakdown), and at the largest one sweeps its block config (`mma_sweep`).
+Random full-size weights, one KV length per row, the bucket above it. Prints a table; writes JSON to --out.
 
     python benchmarks/t2s_layer_bench.py --out results/t2s_layer_h200.json
+    python benchmarks/t2s_layer_bench.py --rows 1,4,16,64,128 --no-sweep  # paths only, no config sweeps
     python benchmarks/t2s_layer_bench.py --size tiny --device cpu --rows 1,3 --length 40 --n-slots 64 \
         --max-slots 96  # smoke test (interpreted, no graphs)
 """
@@ -53,6 +56,25 @@ SWEEP = (  # one field at a time around the table's entry
     {"attn_warps": 2},
     {"attn_warps": 8},
     {"ffn_warps": 8},
+)
+MMA_SWEEP = (  # the many-row stack's config, one field at a time around the table's entry
+    {"block_m": 32},
+    {"block_n": 16},
+    {"block_n": 64},
+    {"block_k": 32},
+    {"block_k": 128},
+    {"block_k": 512},
+    {"block_k": 512, "gemm_warps": 8},
+    {"ffn_block": 32},
+    {"ffn_block": 128},
+    {"attn_block": 32},
+    {"attn_block": 128},
+    {"attn_block": 256},
+    {"gemm_warps": 2},
+    {"gemm_warps": 8},
+    {"attn_warps": 2},
+    {"attn_warps": 8},
+    {"pdl": False},
 )
 
 
@@ -130,6 +152,49 @@ def stage_prefixes(tk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Callable[
     return {name: (lambda n=n: run(n)) for n, name in enumerate(("qkv", "+attention", "+ffn", "+head"), 1)}
 
 
+def mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Callable[[], object]]:
+    """Callables running, for every layer, the many-row stack's first 1..5 kernels (and the head)."""
+    s = mk.Scratch.allocate(x.shape[0], w, k.shape[3], cfg)
+    for t in (s.x_ffn, s.out_attn, s.out_ffn, s.h):  # read by a later kernel where a prefix stops early
+        t.zero_()
+    logits = torch.empty(x.shape[0], w.head_weight.shape[0], device=x.device, dtype=x.dtype)
+
+    def run(n_kernels: int) -> None:
+        x_in, prev = x, None
+        for i, layer in enumerate(w.layers):
+            mk.qkv_stage(s, x_in, prev, layer, k[i], v[i], lengths, w.eps, cfg)
+            if n_kernels > 1:
+                mk.attention_stage(s, k[i], v[i], lengths, n_slots, cfg)
+            if n_kernels > 2:
+                mk.linear_stage(s.attn, layer.out_weight, s.out_attn, cfg)
+            if n_kernels > 3:
+                mk.ffn1_stage(s, layer, w.eps, cfg)
+            if n_kernels > 4:
+                mk.linear_stage(s.h, layer.ffn2_weight, s.out_ffn, cfg)
+            x_in, prev = s.x_ffn, layer
+        if n_kernels > 5:
+            mk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)
+
+    names = ("qkv", "+attention", "+out_proj", "+ffn1", "+ffn2", "+head")
+    return {name: (lambda n=n: run(n)) for n, name in enumerate(names, 1)}
+
+
+def bench_mma(mk, inputs, want, n_slots, cfg, on_gpu, replays, breakdown: bool) -> dict:
+    """The many-row stack at one config: rel. L2 against the definition, µs per step, a breakdown."""
+    x, w, k, v, lengths = inputs
+    row = {"config": dataclasses.asdict(cfg)}
+    try:
+        row["rel_l2"] = rel_l2(mk.decode_stack_mma(x, w, k, v, lengths, n_slots, config=cfg), want)
+        row["step_us"] = time_us(lambda: mk.decode_stack_mma(x, w, k, v, lengths, n_slots, config=cfg),
+                                 on_gpu, replays)  # fmt: skip
+        if breakdown:
+            prefixes = mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg)
+            row["prefix_us"] = {name: time_us(fn, on_gpu, replays) for name, fn in prefixes.items()}
+    except Exception as exc:  # a config that fails to compile or run is reported, the sweep goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
 def random_embed(size: str, n_rows: int, length: int, dtype: torch.dtype, device: str):
     """(EmbedWeights: table [V, D], pe [4000, D], alpha [1]; tokens [B]; audio_pos [B] = the length)."""
     _, dim, _, _, vocab = SIZES[size]
@@ -197,7 +262,8 @@ def main() -> None:
     p.add_argument("--size", default="full", choices=list(SIZES))
     p.add_argument("--dtype", default="float16")
     p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (interpreted)")
-    p.add_argument("--rows", default="1,64", help="batch sizes; the sweep runs at the first")
+    p.add_argument("--rows", default="1,4,16,64,128",
+                   help="batch sizes; the GEMV stack's sweep runs at the first, the many-row stack's at the last")  # fmt: skip
     p.add_argument("--length", type=int, default=730, help="cached slots per row (230 prompt + 500 tokens)")
     p.add_argument("--n-slots", type=int, default=768, help="the KV bucket")
     p.add_argument("--max-slots", type=int, default=1024, help="cache size")
@@ -209,11 +275,13 @@ def main() -> None:
     if not on_gpu:  # read when triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.replays = 1
+    from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
     from voicehub.runtime.kernels import t2s_layer_triton as tk
 
     dtype = getattr(torch, args.dtype)
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
     base = tk.config_for(dim, ffn_dim, n_head, vocab)
+    mma_base = mk.config_for(dim, ffn_dim, n_head, vocab)
     n_rows = [int(n) for n in args.rows.split(",")]
     results = []
     for i, rows in enumerate(n_rows):
@@ -229,23 +297,40 @@ def main() -> None:
         for j, cfg in enumerate(configs):
             row = bench_config(tk, inputs, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
             results.append({"rows": rows, "path": "fused" if j == 0 else "fused_sweep", **row})
-    print_table(results, base, n_layer)
+        x, w, k, v, lengths = inputs
+        want = ref.decode_stack_reference(x.float(), _float(w), k.float(), v.float(), lengths, args.n_slots)
+        is_last = i == len(n_rows) - 1 and not args.no_sweep
+        mma_configs = [mma_base] + (
+            [dataclasses.replace(mma_base, **c) for c in MMA_SWEEP] if is_last else []
+        )
+        for j, cfg in enumerate(mma_configs):
+            row = bench_mma(mk, inputs, want, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
+            results.append({"rows": rows, "path": "mma" if j == 0 else "mma_sweep", **row})
+        del want
+    print_table(results, base, mma_base, n_layer)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"results": results, "meta": meta(args)}, indent=1))
 
 
-def print_table(results: list[dict], base, n_layer: int) -> None:
+def print_table(results: list[dict], base, mma_base, n_layer: int) -> None:
     print(f"{'rows':>4} {'path':17} {'changed':22} {'us/step':>8} {'tok/s bound':>11} {'rel_l2':>8}")
     for r in results:
-        changed = ", ".join(f"{k}={v}" for k, v in r.get("config", {}).items() if getattr(base, k) != v)
+        b = mma_base if r["path"].startswith("mma") else base
+        changed = ", ".join(f"{k}={v}" for k, v in r.get("config", {}).items() if getattr(b, k) != v)
         if "error" in r:
             print(f"{r['rows']:4} {r['path']:17} {changed:22} ERROR {r['error'][:80]}")
             continue
         tok_s = r["rows"] * 1e6 / r["step_us"]
         rel = f"{r['rel_l2']:8.1e}" if "rel_l2" in r else ""
         print(f"{r['rows']:4} {r['path']:17} {changed:22} {r['step_us']:8.1f} {tok_s:11.0f} {rel:>8}")
-        if "prefix_us" in r:
+        if "prefix_us" in r and r["path"] == "mma":
+            names = list(r["prefix_us"])
+            us = [r["prefix_us"][n] for n in names]
+            parts = [(n.lstrip("+"), b - a) for n, a, b in zip(names[1:5], us, us[1:5])]
+            per_layer = ", ".join(f"{n} {t / n_layer:.2f}" for n, t in [("qkv", us[0]), *parts])
+            print(f"{'':4} {'':17} per layer (us): {per_layer}; head {us[5] - us[4]:.2f}")
+        elif "prefix_us" in r:
             pre = r["prefix_us"]
             parts = [("qkv", pre["qkv"]), ("attention", pre["+attention"] - pre["qkv"]),
                      ("ffn", pre["+ffn"] - pre["+attention"])]  # fmt: skip
