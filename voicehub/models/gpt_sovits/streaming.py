@@ -15,11 +15,16 @@ The chain, per sentence:
 Differences from the per-sentence path, on purpose: the encoder sees no tokens right of a window, the CFM
 noise is drawn per window, and there is no whole-sentence peak normalisation (BigVGAN's output is already
 in [-1, 1]). The utterance length is the per-sentence path's, sample for sample.
+
+On CUDA with a capturing graph preset, the CFM pieces and the vocoder windows (all but a sentence's last)
+replay from CUDA graphs (`acoustic_graphs.AcousticGraphs`, passed as `graphs`): the same windows, the same
+noise draws, the CFM on a right-padded masked piece (equal up to float rounding).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,11 +46,19 @@ from voicehub.models.gpt_sovits.t2s.decode import (
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
 
+if TYPE_CHECKING:
+    from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
+
 CFM_CONTEXT_FRAMES = 32  # mel frames of earlier output that prompt each CFM chunk after the reference
 VOCODER_LEFT_FRAMES = 24  # mel frames vocoded left of a chunk and dropped (the convolutions' warm-up)
 VOCODER_LOOKAHEAD_FRAMES = 8  # newest frames held back until more mel arrives (the right receptive field)
 VOCODER_OVERLAP_FRAMES = 4  # frames cross-faded between consecutive vocoder outputs
 MIN_FIRST_S = 0.25  # the first chunk of a sentence carries at least this much audio (unless it is all)
+
+# `cfm.solver.solve`'s signature: (estimator, mu [1, N, inter2], prompt mel [1, mel, P], noise [1, mel, N],
+# n_steps) -> [1, mel, N]; and `bigvgan.vocode`'s: (vocoder, mel [1, num_mels, n]) -> audio [1, n * hop].
+Solver = Callable[..., torch.Tensor]
+Vocode = Callable[[BigVGAN, torch.Tensor], torch.Tensor]
 
 
 class VocoderStream:
@@ -53,6 +66,8 @@ class VocoderStream:
 
     push(mel [1, num_mels, n] denormalised, is_last) returns float32 samples that are final (with
     is_last, everything left). Joined output has exactly n_frames * hop samples, like `vocode` of the whole mel.
+    vocode_window: what vocodes every window but the last push's (`vocode`, or a graph replay of it); the
+    last one's length is arbitrary, so it runs `vocode` itself (a graph per length would rarely replay).
     """
 
     def __init__(
@@ -62,10 +77,12 @@ class VocoderStream:
         lookahead: int = VOCODER_LOOKAHEAD_FRAMES,
         overlap: int = VOCODER_OVERLAP_FRAMES,
         min_first_s: float = MIN_FIRST_S,
+        vocode_window: Vocode = vocode,
     ):
         if min(left, lookahead, overlap) < 0:
             raise ValueError("left, lookahead and overlap must be >= 0 frames")
         self.vocoder, self.left, self.lookahead, self.overlap = vocoder, left, lookahead, overlap
+        self.vocode_window = vocode_window
         self.hop = vocoder.conf.hop_size
         self.min_first = int(np.ceil(min_first_s * vocoder.conf.sampling_rate / self.hop))
         self.joiner = StreamJoiner(overlap * self.hop, FadeShape.LINEAR)  # same signal on both sides
@@ -82,19 +99,21 @@ class VocoderStream:
             return vocode(self.vocoder, self._mel)[0].float().cpu().numpy()
         if is_last:
             ready = (
-                self._emit(self._mel.shape[2]) if self._mel.shape[2] > self._done else np.zeros(0, np.float32)
+                self._emit(self._mel.shape[2], vocode)
+                if self._mel.shape[2] > self._done
+                else np.zeros(0, np.float32)
             )
             return np.concatenate([ready, self.joiner.finish()])
         end = self._mel.shape[2] - self.lookahead
         if end - self._done < max(self.overlap + 1, self.min_first if self._done == 0 else 1):
             return np.zeros(0, np.float32)  # too little for a join, or for the first chunk
-        return self._emit(end)
+        return self._emit(end, self.vocode_window)
 
-    def _emit(self, end: int) -> np.ndarray:
+    def _emit(self, end: int, vocode_fn: Vocode) -> np.ndarray:
         # Frames [start, end) are emitted; start reaches `overlap` frames back to cross-fade the last output.
         start = max(self._done - self.overlap, 0)
         lo, hi = max(start - self.left, 0), min(end + self.lookahead, self._mel.shape[2])
-        audio = vocode(self.vocoder, self._mel[:, :, lo:hi])[0].float()  # [(hi - lo) * hop]
+        audio = vocode_fn(self.vocoder, self._mel[:, :, lo:hi])[0].float()  # [(hi - lo) * hop]
         self.n_calls += 1
         piece = audio[(start - lo) * self.hop : (end - lo) * self.hop].cpu().numpy()
         self._done = end
@@ -103,7 +122,8 @@ class VocoderStream:
 
 class CfmStream:
     """Feature frames in, normalised mel frames out: each chunk is solved with the full reference prompt
-    followed by the last `context` frames already made (features and mel), as one CFM call per piece."""
+    followed by the last `context` frames already made (features and mel), as one CFM call per piece.
+    solver: `solve`, or a graph replay of it (the noise is drawn here either way, from `generator`)."""
 
     def __init__(
         self,
@@ -112,9 +132,10 @@ class CfmStream:
         sample_steps: int,
         generator: torch.Generator,
         context: int = CFM_CONTEXT_FRAMES,
+        solver: Solver = solve,
     ):
         self.model, self.prompt, self.sample_steps, self.generator = model, prompt, sample_steps, generator
-        self.context = context
+        self.context, self.solver = context, solver
         self.n_calls = 0
         self._fea = prompt.fea[:, :, :0]  # [1, inter2, <= context] features of the latest output frames
         self._mel = prompt.mel[:, :, :0]  # [1, mel, <= context] their normalised mel
@@ -130,7 +151,7 @@ class CfmStream:
             mu = torch.cat([fea_ref, piece], dim=2).transpose(1, 2)  # [1, N, inter2]
             noise = torch.randn(1, estimator.proj_out.out_features, mu.shape[1], generator=self.generator,
                                 device=mu.device, dtype=mu.dtype)  # fmt: skip
-            mel = solve(estimator, mu, mel_ref, noise, self.sample_steps)[:, :, mel_ref.shape[2] :]
+            mel = self.solver(estimator, mu, mel_ref, noise, self.sample_steps)[:, :, mel_ref.shape[2] :]
             self.n_calls += 1
             self._fea = (
                 torch.cat([self._fea, piece], dim=2)[:, :, -self.context :] if self.context else self._fea
@@ -209,15 +230,19 @@ def stream_windows(
     sample_steps: int,
     speed: float,
     generator: torch.Generator,
+    graphs: AcousticGraphs | None = None,
 ) -> Iterator[tuple[np.ndarray, bool]]:
     """Token windows (prefix so far [n], is_final) + phoneme ids [1, P] -> (float32 audio at 24 kHz, is_final).
 
     Lazy: each piece is yielded as soon as its window is through the chain (empty pieces are skipped,
     but the final one is always yielded). The pieces' total length is the per-sentence path's
-    (`decode_mel` + `vocode` of the final prefix).
+    (`decode_mel` + `vocode` of the final prefix). graphs: the CFM and vocoder replay from its CUDA
+    graphs (None: eager calls).
     """
-    cfm = CfmStream(model, prompt, sample_steps, generator)
-    voc = VocoderStream(vocoder)
+    # Looked up per call (not bound as defaults), so a profiler can wrap the module's solve / vocode.
+    solver, vocode_window = (solve, vocode) if graphs is None else (graphs.solve, graphs.vocode)
+    cfm = CfmStream(model, prompt, sample_steps, generator, solver=solver)
+    voc = VocoderStream(vocoder, vocode_window=vocode_window)
     n_done = 0  # feature frames already solved
     for tokens, is_final in windows:
         fea = model.decode_encp(tokens[None, None], phones, prompt.ge, speed)  # [1, inter2, L(n)]

@@ -1,0 +1,377 @@
+"""CUDA graphs of GPT-SoVITS v3's acoustic stage in the streaming path: CFM pieces and vocoder windows.
+
+Run eagerly, a streamed sentence's first chunk spends most of its time launching the CFM's and
+BigVGAN's many small kernels (4 DiT steps: ~50 ms eager, ~15 ms as one graph). `AcousticGraphs`
+replays both from graphs, one object per loaded model (`Pipeline.acoustic_graphs`, CUDA and a preset
+other than 'off'). Shapes, and why each is what it is:
+- CFM: a piece of N frames (reference prompt + context + new frames, N <= T_CHUNK) is right-padded to
+  the next multiple of CFM_FRAME_BUCKET and solved with a mask: the DiT keeps padded frames out of every
+  valid one (cfm/dit.py), so 15 buckets per (rows, sample_steps) serve every piece, and a padded solve
+  equals the unpadded one up to float rounding (the attention takes its masked kernel).
+- vocoder: BigVGAN pads its borders (zeros in the convolutions, replication in the anti-aliased
+  activations), so a right-padded window would change the frames near its end: windows are captured
+  per exact length. A sentence's first window depends only on (stream_chunk_tokens, speed), and the
+  next ones repeat a few lengths; the last window (any length) runs eagerly (`VocoderStream`).
+Graphs replay what eager runs on the same buffers. The CFM noise is drawn by the caller, as eagerly,
+and copied into the static buffers, so the RNG stream is eager's. Outputs are cloned before the lock
+is released: a later replay in the same memory pool may overwrite them.
+
+When graphs are captured (the model's cuda_graph_preset): `full` captures every CFM frame bucket
+(one row, the fast preset's steps) and the first LOAD_WINDOWS[full] vocoder windows of each common
+(chunk, speed) at load; `minimal` the shapes of the first LOAD_WINDOWS[minimal] windows of the default
+voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); `lazy` each
+shape on first use; everything not captured at load is captured on first use. Vocoder lengths are
+unbounded, so at most MAX_VOCODER_GRAPHS are kept; a new length past that runs eagerly, and says so.
+What the solver or vocoder runs (the schedule, the step cache, a compiled forward, the activation
+kernel) is part of the graphs' identity: when an optimization changes it, the graphs are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.cfm.dit import DiT
+from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
+from voicehub.models.gpt_sovits.sovits.model import CONTENT_TO_MEL
+from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
+from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
+from voicehub.runtime.kv_cache import pick_bucket
+
+CFM_FRAME_BUCKET = 64  # frames: a CFM piece is right-padded to a multiple of this (T_CHUNK: the last)
+CFM_ROW_BUCKETS = (1,)  # rows per CFM graph (the streaming path solves one piece at a time)
+COMMON_CHUNK_TOKENS = (25,)  # stream_chunk_tokens of the load-time shapes (the stream engine's default)
+COMMON_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values()}))  # the generation presets' speeds
+COMMON_SAMPLE_STEPS = (PRESETS[PresetName.FAST].sample_steps,)  # CFM steps of the load-time graphs
+LOAD_WINDOWS = {GraphPreset.FULL: 6, GraphPreset.MINIMAL: 2}  # a sentence's first windows, shapes at load
+MAX_VOCODER_FRAMES = 2048  # longest vocoder window replayed from a graph (~22 s)
+MAX_VOCODER_GRAPHS = 64  # exact-length vocoder graphs kept; a new length past that runs eagerly
+log = logging.getLogger("voicehub.models.gpt_sovits")
+
+
+def cfm_frame_buckets(step: int = CFM_FRAME_BUCKET, largest: int = T_CHUNK) -> tuple[int, ...]:
+    """Frame buckets of the CFM graphs: multiples of `step` below `largest`, then `largest`."""
+    return (*range(step, largest, step), largest)
+
+
+def feature_frames(n_tokens: int, speed: float) -> int:
+    """Frames `SynthesizerV3.decode_encp` makes from n_tokens semantic tokens at `speed`: 2 content frames
+    a token (resampled to int(2n / speed) + 1 when speed != 1), times CONTENT_TO_MEL, rounded down."""
+    content = 2 * n_tokens if speed == 1 else int(2 * n_tokens / speed) + 1
+    return math.floor(content * CONTENT_TO_MEL)
+
+
+def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_windows: int) -> list[int]:
+    """Mel frames of the first `n_windows` vocoder calls of a long streamed sentence (none its last), as
+    `VocoderStream` makes them: the shapes a sentence's first chunks need. Nothing runs on the vocoder."""
+    hop, num_mels = vocoder.conf.hop_size, vocoder.conf.num_mels
+    lengths: list[int] = []
+
+    def record(_: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
+        lengths.append(mel.shape[2])
+        return mel.new_zeros(1, mel.shape[2] * hop)
+
+    stream = VocoderStream(vocoder, vocode_window=record)
+    made = 0
+    for k in range(1, 4 * n_windows + 2):  # each window of tokens gives a call once the first is long enough
+        if len(lengths) >= n_windows:
+            break
+        total = feature_frames(k * chunk_tokens, speed)
+        stream.push(torch.zeros(1, num_mels, total - made), is_last=False)
+        made = total
+    return lengths[:n_windows]
+
+
+def cfm_piece_frames(prompt_frames: int, chunk_tokens: int, speed: float, n_pieces: int) -> list[int]:
+    """Frames N of the first `n_pieces` CFM pieces of a long streamed sentence (`CfmStream`: the reference
+    prompt, up to CFM_CONTEXT_FRAMES of output so far, the window's new frames)."""
+    sizes, made = [], 0
+    for k in range(1, n_pieces + 1):
+        new = feature_frames(k * chunk_tokens, speed) - made
+        sizes.append(min(T_CHUNK, prompt_frames + min(CFM_CONTEXT_FRAMES, made) + new))
+        made += new
+    return sizes
+
+
+def _forwards_of(module: torch.nn.Module) -> tuple:
+    """The forwards set on instances in `module` (a compiled forward, runtime/compile.py, lives on its
+    instance, the whole model's or a block's): a graph captured before such a swap runs the old code."""
+    return tuple((name, f) for name, m in module.named_modules() if (f := vars(m).get("forward")) is not None)
+
+
+@dataclass
+class _CfmSlots:
+    """Static inputs of one (rows, frames) CFM graph (solve_padded's layout)."""
+
+    mu: torch.Tensor  # [R, F, text_dim]
+    prompt_x: torch.Tensor  # [R, mel, F]
+    keep: torch.Tensor  # [R, 1, F]
+    noise: torch.Tensor  # [R, mel, F]
+    mask: torch.Tensor  # [R, F] bool
+
+
+class CfmGraphs:
+    """CFM solves of right-padded, masked rows replayed from graphs: one runner per sample_steps over
+    (rows, frames) buckets, static input buffers per bucket. Not thread-safe (AcousticGraphs locks)."""
+
+    def __init__(
+        self,
+        estimator: DiT,
+        device: torch.device,
+        row_buckets: Sequence[int] = CFM_ROW_BUCKETS,
+        frame_buckets: Sequence[int] | None = None,
+    ):
+        self.estimator, self.device = estimator, device
+        self.row_buckets = tuple(sorted(row_buckets))
+        self.frame_buckets = tuple(sorted(frame_buckets or cfm_frame_buckets()))
+        self.runners: dict[int, BucketedGraphRunner] = {}  # sample_steps -> its graphs
+        self._slots: dict[tuple[int, int], _CfmSlots] = {}
+        self._identity: tuple | None = None
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(rows, frames) buckets, largest first: a shared pool reuses the largest capture's memory."""
+        return [(r, f) for r in reversed(self.row_buckets) for f in reversed(self.frame_buckets)]
+
+    def key(self, n_rows: int, n_frames: int) -> tuple[int, int]:
+        return pick_bucket(n_rows, self.row_buckets), pick_bucket(n_frames, self.frame_buckets)
+
+    def runner(self, n_steps: int) -> BucketedGraphRunner:
+        """The graphs of `n_steps` (made on first need); all are dropped when the solver changed."""
+        est = self.estimator
+        identity = (est.schedule, est.step_cache, _forwards_of(est))
+        if identity != self._identity:
+            self.reset()
+            self._identity = identity
+        runner = self.runners.get(n_steps)
+        if runner is None:
+            step = lambda key: self._step(n_steps, key)  # noqa: E731
+            runner = BucketedGraphRunner(step, self.keys(), GraphPreset.LAZY, self.device)
+            self.runners[n_steps] = runner
+        return runner
+
+    def reset(self) -> None:
+        for runner in self.runners.values():
+            runner.reset()
+        self.runners.clear()
+
+    def capture(self, n_steps: int, key: tuple[int, int]) -> None:
+        """Capture the graph of `key` now unless it is (its warm-up and one replay run on zeros)."""
+        runner = self.runner(n_steps)
+        if key not in runner.captured_buckets:
+            self._slots_of(key)  # allocated outside the capture, as every static input
+            runner.run(key)
+
+    def _step(self, n_steps: int, key: tuple[int, int]) -> torch.Tensor:
+        s = self._slots_of(key)
+        return solve_padded(self.estimator, s.mu, s.prompt_x, s.keep, s.noise, n_steps, s.mask)
+
+    def _slots_of(self, key: tuple[int, int]) -> _CfmSlots:
+        slots = self._slots.get(key)
+        if slots is None:
+            n_rows, n = key
+            w = self.estimator.proj_out.weight
+            mel_dim, text_dim = (
+                self.estimator.proj_out.out_features,
+                self.estimator.text_embed.freqs_cis.shape[1],
+            )
+            new = lambda *shape: torch.zeros(*shape, device=w.device, dtype=w.dtype)  # noqa: E731
+            mask = torch.ones(n_rows, n, device=w.device, dtype=torch.bool)  # what a capture's warm-up sees
+            slots = _CfmSlots(new(n_rows, n, text_dim), new(n_rows, mel_dim, n), new(n_rows, 1, n) + 1,
+                              new(n_rows, mel_dim, n), mask)  # fmt: skip
+            self._slots[key] = slots
+        return slots
+
+    def solve_rows(
+        self, rows: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], n_steps: int
+    ) -> list[torch.Tensor]:
+        """Rows (mu [N, text_dim], normalised prompt mel [mel, P], noise [mel, N]; P < N) solved in one
+        replay -> each row's x [mel, N] (a copy; its first P frames are 0), as `solve` of the row alone
+        up to float rounding. Padding: frames past a row's N and rows past len(rows) (one valid frame
+        each, so no attention row is wholly masked)."""
+        key = self.key(len(rows), max(mu.shape[0] for mu, _, _ in rows))
+        runner = self.runner(n_steps)
+        s = self._slots_of(key)
+        for t in (s.mu, s.prompt_x, s.keep, s.noise, s.mask):
+            t.zero_()
+        for i, (mu, prompt, noise) in enumerate(rows):
+            n, p = mu.shape[0], prompt.shape[1]
+            s.mu[i, :n] = mu
+            s.prompt_x[i, :, :p] = prompt
+            s.noise[i, :, :n] = noise
+            s.keep[i, :, p:n] = 1
+            s.mask[i, :n] = True
+        s.mask[len(rows) :, 0] = True
+        x = runner.run(key)
+        return [x[i, :, : mu.shape[0]].clone() for i, (mu, _, _) in enumerate(rows)]
+
+
+class VocoderGraphs:
+    """BigVGAN windows replayed from graphs captured per exact (rows, frames) (see the module's docstring).
+    Not thread-safe (AcousticGraphs locks)."""
+
+    def __init__(
+        self,
+        vocoder: BigVGAN,
+        device: torch.device,
+        max_frames: int = MAX_VOCODER_FRAMES,
+        max_graphs: int = MAX_VOCODER_GRAPHS,
+    ):
+        self.vocoder, self.device = vocoder, device
+        self.max_frames, self.max_graphs = max_frames, max_graphs
+        self.runner: BucketedGraphRunner | None = None
+        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._identity: tuple | None = None
+        self._refused: set[Hashable] = set()  # lengths said to run eagerly (logged once each)
+
+    def current_runner(self) -> BucketedGraphRunner:
+        """The graphs of what the vocoder runs now (all dropped when that changed)."""
+        voc = self.vocoder
+        identity = (voc.activation_post.kernel, _forwards_of(voc))
+        if identity != self._identity or self.runner is None:
+            self.reset()
+            self._identity = identity
+            keys = [(1, n) for n in range(1, self.max_frames + 1)]
+            self.runner = BucketedGraphRunner(self._step, keys, GraphPreset.LAZY, self.device)
+        return self.runner
+
+    def reset(self) -> None:
+        if self.runner is not None:
+            self.runner.reset()
+        self.runner = None
+
+    @property
+    def captured(self) -> list[tuple[int, int]]:
+        return [] if self.runner is None else self.runner.captured_buckets
+
+    def capture(self, n_frames: int) -> None:
+        """Capture the window length `n_frames` now unless it is captured or refused (see `replayable`)."""
+        key = (1, n_frames)
+        if self.replayable(n_frames) and key not in self.captured:
+            self._input_of(key)  # allocated outside the capture, as every static input
+            self.current_runner().run(key)
+
+    def _step(self, key: tuple[int, int]) -> torch.Tensor:
+        return self.vocoder(self._input_of(key))[:, 0]  # [rows, frames * hop]
+
+    def _input_of(self, key: tuple[int, int]) -> torch.Tensor:
+        buf = self._inputs.get(key)
+        if buf is None:
+            w = self.vocoder.conv_pre.weight
+            buf = torch.zeros(key[0], self.vocoder.conf.num_mels, key[1], device=w.device, dtype=w.dtype)
+            self._inputs[key] = buf
+        return buf
+
+    def replayable(self, n_frames: int) -> bool:
+        """Whether a window of n_frames replays a graph (captured, or there is room to capture it)."""
+        key = (1, n_frames)
+        runner = self.current_runner()
+        if key in runner.captured_buckets:
+            return True
+        if n_frames <= self.max_frames and len(runner.captured_buckets) < self.max_graphs:
+            return True
+        if key not in self._refused:
+            self._refused.add(key)
+            log.warning(
+                "vocoder window of %d frames runs eagerly: graphs hold windows of <= %d frames, at most %d "
+                "lengths (%d captured)", n_frames, self.max_frames, self.max_graphs,
+                len(runner.captured_buckets),
+            )  # fmt: skip
+        return False
+
+    def vocode(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel [1, num_mels, n] denormalised -> audio [1, n * hop] (a copy), as `bigvgan.vocode`."""
+        n = mel.shape[2]
+        if not self.replayable(n):
+            return vocode(self.vocoder, mel)
+        key = (1, n)
+        runner = self.current_runner()
+        self._input_of(key).copy_(mel)  # cast to the vocoder's dtype, as vocode() does
+        return runner.run(key).clone()
+
+
+def build_acoustic_graphs(
+    estimator: DiT, vocoder: BigVGAN, preset: GraphPreset | str, device: torch.device
+) -> AcousticGraphs | None:
+    """The model's acoustic graphs on CUDA with a capturing preset; None (eager calls) otherwise."""
+    if device.type != "cuda" or parse_graph_preset(preset) is GraphPreset.OFF:
+        return None
+    return AcousticGraphs(estimator, vocoder, preset, device)
+
+
+class AcousticGraphs:
+    """The streaming path's CFM and vocoder graphs of one loaded model (see the module's docstring).
+
+    `solve` and `vocode` have the signatures of `cfm.solver.solve` (one row) and `bigvgan.vocode`, so
+    streaming.py takes them as its strategies. Calls from several threads take turns (one lock: the
+    static buffers serve one call at a time).
+    """
+
+    def __init__(self, estimator: DiT, vocoder: BigVGAN, preset: GraphPreset | str, device: torch.device):
+        self.preset = parse_graph_preset(preset)
+        if self.preset is GraphPreset.OFF or device.type != "cuda":
+            raise ValueError(
+                f"acoustic graphs need a CUDA device and a capturing preset, got {device} and "
+                f"{self.preset.value!r}; stream eagerly instead (Pipeline.acoustic_graphs None)"
+            )
+        self.cfm = CfmGraphs(estimator, device)
+        self.vocoder = VocoderGraphs(vocoder, device)
+        self._lock = threading.Lock()
+
+    @torch.inference_mode()
+    def solve(
+        self, estimator: DiT, mu: torch.Tensor, prompt: torch.Tensor, noise: torch.Tensor, n_steps: int
+    ) -> torch.Tensor:
+        """`solve(estimator, mu [1, N, text_dim], prompt [1, mel, P], noise [1, mel, N], n_steps)` -> [1, mel, N]
+        from the graph of N's frame bucket (right-padded, masked)."""
+        assert estimator is self.cfm.estimator and mu.shape[0] == 1, "one row of this model's CFM"
+        with self._lock:
+            return self.cfm.solve_rows([(mu[0], prompt[0], noise[0])], n_steps)[0][None]
+
+    @torch.inference_mode()
+    def vocode(self, vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
+        """`vocode(vocoder, mel [1, num_mels, n])` -> audio [1, n * hop] from the graph of length n."""
+        assert vocoder is self.vocoder.vocoder and mel.shape[0] == 1, "one window of this model's vocoder"
+        with self._lock:
+            return self.vocoder.vocode(mel)
+
+    def load_time_shapes(self, prompt_frames: int | None) -> tuple[list[tuple[int, int]], list[int]]:
+        """What the preset captures at load: (CFM (rows, frames) buckets, vocoder window lengths), for
+        a voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s)."""
+        n_windows = LOAD_WINDOWS.get(self.preset, 0)
+        configs = [(c, s) for c in COMMON_CHUNK_TOKENS for s in COMMON_SPEEDS]
+        frames = [f for c, s in configs for f in stream_window_frames(self.vocoder.vocoder, c, s, n_windows)]
+        if self.preset is GraphPreset.FULL:
+            cfm = [k for k in self.cfm.keys() if k[0] == 1]
+        else:
+            p = T_REF if prompt_frames is None else prompt_frames
+            cfm = [self.cfm.key(1, n) for c, s in configs for n in cfm_piece_frames(p, c, s, n_windows)]
+        return list(dict.fromkeys(cfm)), sorted(set(frames), reverse=True)
+
+    @torch.inference_mode()
+    def capture_at_load(self, prompt_frames: int | None = None) -> dict[str, Any]:
+        """Capture `load_time_shapes` (each once: a shape captured before is kept); returns what was captured."""
+        cfm_keys, frames = self.load_time_shapes(prompt_frames)
+        with self._lock:
+            for n_steps in COMMON_SAMPLE_STEPS:
+                for key in cfm_keys:
+                    self.cfm.capture(n_steps, key)
+            for n in frames:
+                self.vocoder.capture(n)
+        return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames}
+
+    def info(self) -> dict[str, Any]:
+        """JSON-ready: the preset and what is captured now."""
+        return {
+            "preset": self.preset.value,
+            "cfm": {str(n): len(r.captured_buckets) for n, r in self.cfm.runners.items()},
+            "vocoder": len(self.vocoder.captured),
+        }
