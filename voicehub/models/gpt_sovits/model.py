@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from voicehub.models.base import TTSModel
+from voicehub.models.gpt_sovits.acoustic_graphs import build_acoustic_graphs
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan
 from voicehub.models.gpt_sovits.files import ModelFiles
@@ -96,9 +97,12 @@ def build_pipeline(
     frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
     decoder = build_t2s_decoder(t2s, t2s_config, device, cuda_graph_preset, capture=capture_graphs)
+    # The streamed CFM pieces and vocoder windows replay graphs on CUDA too; the warm-up captures them.
+    acoustic = build_acoustic_graphs(sovits.cfm.estimator, vocoder, cuda_graph_preset, device)
     return Pipeline(
-        frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id, decoder
-    )
+        frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id, decoder,
+        acoustic,
+    )  # fmt: skip
 
 
 class GptSovitsModel(TTSModel):
@@ -169,6 +173,11 @@ class GptSovitsModel(TTSModel):
             "dtype": str(self.dtype).removeprefix("torch."),
             "cuda_graph_preset": self.cuda_graph_preset.value,
             "t2s_decode": self.t2s_decode_info,
+            "acoustic_graphs": (
+                self._pipeline.acoustic_graphs.info()
+                if self._pipeline is not None and self._pipeline.acoustic_graphs is not None
+                else None
+            ),
             "text_frontend": self.text_frontend_info,
             "warm_up": self.warm_up_info,
         }

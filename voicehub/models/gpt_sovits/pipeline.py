@@ -31,6 +31,7 @@ import torch
 from voicehub.audio.fades import fade_in, fade_out
 from voicehub.audio.mel import V3_MEL, MelSpectrogram
 from voicehub.errors import InvalidTextError
+from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.params import GptSovitsParams
@@ -120,12 +121,15 @@ class Pipeline:
         cache: ReferenceCache | None = None,
         model_id: str = "",
         t2s_decoder: T2SGraphDecoder | None = None,
+        acoustic_graphs: AcousticGraphs | None = None,
     ):
         """t2s_decoder: the graph-captured decoder that owns the T2S GPU state (None: the eager
-        reference `decode`, as on the CPU or with cuda_graph_preset 'off')."""
+        reference `decode`, as on the CPU or with cuda_graph_preset 'off'); acoustic_graphs: the CFM
+        and vocoder graphs of the streamed path (None: eager calls)."""
         self.frontend, self.hubert, self.bert = frontend, hubert, bert
         self.t2s, self.sovits, self.vocoder = t2s, sovits, vocoder
         self.t2s_decoder = t2s_decoder
+        self.acoustic_graphs = acoustic_graphs
         # The decoder's static buffers serve one decode at a time; a streamed sentence holds them
         # between its chunks (see `_claim_decoder`).
         self._t2s_lock = threading.Lock()
@@ -368,5 +372,5 @@ class Pipeline:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         yield from stream_windows(
             self.sovits, self.vocoder, ref.acoustic, windows, phones,
-            int(params.sample_steps), float(params.speed), generator,
+            int(params.sample_steps), float(params.speed), generator, self.acoustic_graphs,
         )  # fmt: skip
