@@ -7,10 +7,14 @@ What a first request would otherwise pay, and where it moves:
   reads Latin letters as English, and requests default to `auto`), while the weights load;
 - the default voice's reference features (HuBERT, the quantizer, SoVITS's reference encoder): computed
   into the reference cache (Chinese transcripts run BERT there);
+- on CUDA with a capturing graph preset: the streamed path's CFM and vocoder graphs that the preset
+  captures at load (acoustic_graphs.py; for the default voice's prompt length when there is one);
 - on CUDA, with a default voice: one short sentence through both request paths (whole sentence, and
-  streamed through the decoder's `decode_iter`), so kernel loading, cuBLAS/cuDNN set-up, the T2S prefill,
-  the CFM and the vocoder have run once. Under the `lazy` graph preset this captures the graphs that
-  sentence uses. Run again after `optimize()`, whose kernels (Triton) build on first use.
+  streamed through the decoder's `decode_iter` in windows of the common stream_chunk_tokens), so kernel
+  loading, cuBLAS/cuDNN set-up, the T2S prefill, the CFM and the vocoder have run once. Under the `lazy`
+  graph preset this captures the graphs that sentence uses (a sentence's first and next window). Run
+  again after `optimize()`, whose kernels (Triton) build on first use (and which drops the acoustic
+  graphs when it changes what the CFM or vocoder runs: they are captured again here).
 Without a default voice only the frontend is warmed: a voice's reference is computed by its first request.
 """
 
@@ -21,6 +25,7 @@ import time
 from typing import Any
 
 from voicehub.errors import MissingDependencyError
+from voicehub.models.gpt_sovits.acoustic_graphs import COMMON_CHUNK_TOKENS
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.reference import Voice
@@ -38,7 +43,8 @@ WARM_TEXTS = {
     "ko": ("오늘은 1월 1일입니다.", Language.ALL_KO),
     "yue": ("今日係1月1號。", Language.ALL_YUE),
 }
-WARM_TOKENS = 40  # semantic tokens of the GPU warm-up sentence (1.6 s of speech)
+WARM_CHUNK_TOKENS = COMMON_CHUNK_TOKENS[0]  # the streamed warm-up's windows: the shapes requests use
+WARM_TOKENS = 2 * WARM_CHUNK_TOKENS  # semantic tokens of the GPU warm-up sentence: a first and a next window
 
 
 def voice_languages(voice: Voice | None) -> tuple[list[str], list[str]]:
@@ -79,7 +85,7 @@ def warm_chain(pipe: Pipeline, voice: Voice) -> None:
     if sentence is None:
         return  # a transcript with nothing speakable is refused by pipe.reference already
     params = GptSovitsParams.build(
-        "fast", force_n_tokens=WARM_TOKENS, stream_chunk_tokens=WARM_TOKENS // 2, seed=0
+        "fast", force_n_tokens=WARM_TOKENS, stream_chunk_tokens=WARM_CHUNK_TOKENS, seed=0
     )
     pipe.synthesize_sentence(ref, sentence, params, seed=0)
     for _ in pipe.stream_sentence(ref, sentence, params, seed=0):
@@ -87,11 +93,19 @@ def warm_chain(pipe: Pipeline, voice: Voice) -> None:
 
 
 def warm_voice(pipe: Pipeline, voice: Voice | None) -> dict[str, Any]:
-    """The voice's reference into the cache, and on CUDA the chain; returns what was done and the seconds."""
+    """The voice's reference into the cache, on CUDA the acoustic graphs the preset captures at load and
+    the chain; returns what was done and the seconds."""
     t0 = time.perf_counter()
-    report = {"reference": voice is not None, "chain": voice is not None and pipe.device.type == "cuda"}
-    if report["reference"]:
-        pipe.reference(voice)
+    report: dict[str, Any] = {
+        "reference": voice is not None,
+        "chain": voice is not None and pipe.device.type == "cuda",
+    }
+    ref = pipe.reference(voice) if voice is not None else None
+    if pipe.acoustic_graphs is not None:
+        t1 = time.perf_counter()
+        prompt_frames = ref.acoustic.fea.shape[2] if ref is not None else None
+        captured = pipe.acoustic_graphs.capture_at_load(prompt_frames)
+        report["acoustic_graphs"] = {**captured, "seconds": time.perf_counter() - t1}
     if report["chain"]:
         warm_chain(pipe, voice)
     return {**report, "voice_s": time.perf_counter() - t0}

@@ -1,0 +1,289 @@
+"""The streaming path's CFM and vocoder graphs (acoustic_graphs.py) on the tiny `make-checkpoint` set.
+
+CPU: CUDA graphs need CUDA, so a stand-in runner "captures" by running the step once and keeping its
+outputs, and "replays" by running the step again into those same tensors (a real graph's static-output
+semantics: a caller that keeps the output without copying it sees it change). With it, the tests hold the
+padding (a padded, masked CFM piece equals the unpadded solve in fp32), the cache's keys (which
+shapes share a graph, what is captured when, what drops the graphs) and the load-time shapes (the first
+chunks of a stream capture nothing new). GPU tests (`-m gpu`) hold real graphs to eager.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+
+from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.acoustic_graphs import (
+    AcousticGraphs,
+    build_acoustic_graphs,
+    cfm_frame_buckets,
+    feature_frames,
+)
+from voicehub.models.gpt_sovits.bigvgan import vocode
+from voicehub.models.gpt_sovits.cfm import solve
+from voicehub.models.gpt_sovits.cfm.schedule import dyadic_steps
+from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.models.gpt_sovits.pipeline import Pipeline
+from voicehub.runtime import cuda_graphs
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner
+from voicehub.text.options import Language
+
+ATOL = 2e-5  # fp32: the padded, masked piece reorders a few sums
+CUDA = torch.device("cuda")  # what the graphs are told; the stand-in never touches it
+
+
+@pytest.fixture(scope="module")
+def model(tiny_set):  # noqa: F811
+    return load(tiny_set)
+
+
+@pytest.fixture(scope="module")
+def voice(reference_wav):  # noqa: F811
+    return Voice(reference_wav, REFERENCE_TEXT, "en")
+
+
+@pytest.fixture
+def captured(monkeypatch) -> list:
+    """Keys the stand-in runner captured, in order (see the module's docstring)."""
+    keys: list = []
+    init = BucketedGraphRunner.__init__
+
+    def on_cuda(self, step, buckets, preset, device, **kw):
+        init(self, step, buckets, preset, CUDA, **kw)
+
+    def capture(self, key):
+        keys.append(key)
+        outputs = self.step(key)
+        graph = SimpleNamespace(replay=lambda: outputs.copy_(self.step(key)))
+        self._graphs[key] = cuda_graphs._Captured(graph, outputs)
+        return self._graphs[key]
+
+    monkeypatch.setattr(BucketedGraphRunner, "__init__", on_cuda)
+    monkeypatch.setattr(BucketedGraphRunner, "_capture", capture)
+    return keys
+
+
+def _graphs(pipe, preset: str = "lazy") -> AcousticGraphs:
+    return AcousticGraphs(pipe.sovits.cfm.estimator, pipe.vocoder, preset, CUDA)
+
+
+def _piece(est, n: int, p: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    text_dim, mel = est.text_embed.freqs_cis.shape[1], est.proj_out.out_features
+    return (torch.randn(1, n, text_dim, generator=g), torch.randn(1, mel, p, generator=g),
+            torch.randn(1, mel, n, generator=g))  # fmt: skip
+
+
+def test_graphs_only_on_cuda_with_a_capturing_preset(model):
+    est, voc = model.pipeline.sovits.cfm.estimator, model.pipeline.vocoder
+    assert build_acoustic_graphs(est, voc, "full", torch.device("cpu")) is None
+    assert build_acoustic_graphs(est, voc, "off", CUDA) is None
+    with pytest.raises(ValueError, match="CUDA device"):
+        AcousticGraphs(est, voc, "full", torch.device("cpu"))
+
+
+def test_feature_frames_is_decode_encps_length(model, voice):
+    pipe = model.pipeline
+    ref = pipe.reference(voice)
+    phones = torch.tensor([ref.phone_ids])
+    for n in (1, 7, 25, 50):
+        for speed in (1.0, 1.1, 1.3, 0.8):
+            fea = pipe.sovits.decode_encp(ref.prompt_tokens[:n][None, None], phones, ref.acoustic.ge, speed)
+            assert fea.shape[2] == feature_frames(n, speed), (n, speed)
+
+
+@pytest.mark.parametrize("n, p", [(37, 20), (64, 30), (100, 41), (934, 468)])
+def test_padded_piece_equals_the_unpadded_solve(model, captured, n, p):
+    est = model.pipeline.sovits.cfm.estimator
+    graphs = _graphs(model.pipeline)
+    mu, prompt, noise = _piece(est, n, p, seed=n)
+    with torch.inference_mode():
+        alone = solve(est, mu, prompt, noise, 2)
+        out = graphs.solve(est, mu, prompt, noise, 2)
+    bucket = next(b for b in cfm_frame_buckets() if b >= n)
+    assert captured == [(1, bucket)] and out.shape == alone.shape
+    assert (out - alone).abs().max() < ATOL
+    assert out[:, :, :p].abs().max() == 0  # the prompt frames, as solve leaves them
+
+
+def test_padding_does_not_leak_into_valid_frames(model):
+    # The claim the buckets rest on, without the graph cache: garbage in the padding changes nothing.
+    est = model.pipeline.sovits.cfm.estimator
+    mu, prompt, noise = _piece(est, 40, 16, seed=1)
+    n, pad = 40, 24
+    mel = prompt.shape[1]
+    prompt_x = torch.cat([prompt, torch.zeros(1, mel, n + pad - 16)], dim=2)
+    keep = torch.cat([torch.zeros(1, 1, 16), torch.ones(1, 1, n - 16), torch.zeros(1, 1, pad)], dim=2)
+    mask = torch.arange(n + pad)[None] < n
+    with torch.inference_mode():
+        alone = solve(est, mu, prompt, noise, 3)
+        mu_padded = torch.cat([mu, 3 + torch.randn(1, pad, mu.shape[2])], dim=1)
+        noise_padded = torch.cat([noise, 5 + torch.randn(1, mel, pad)], dim=2)
+        padded = solve_padded(est, mu_padded, prompt_x, keep, noise_padded, 3, mask)
+    assert (padded[:, :, :n] - alone).abs().max() < ATOL
+
+
+def test_cfm_cache_keys(model, captured):
+    est = model.pipeline.sovits.cfm.estimator
+    graphs = _graphs(model.pipeline)
+    with torch.inference_mode():
+        first = graphs.solve(est, *_piece(est, 37, 20, seed=0), 2)
+        kept = first.clone()
+        graphs.solve(est, *_piece(est, 50, 20, seed=1), 2)  # same bucket: a replay
+        assert captured == [(1, 64)]
+        assert torch.equal(first, kept)  # a later replay does not reach an earlier result
+        graphs.solve(est, *_piece(est, 70, 20, seed=2), 2)
+        graphs.solve(est, *_piece(est, 37, 20, seed=3), 3)  # other steps: other graphs
+        assert captured == [(1, 64), (1, 128), (1, 64)]
+        assert {n: r.captured_buckets for n, r in graphs.cfm.runners.items()} == {
+            2: [(1, 128), (1, 64)],
+            3: [(1, 64)],
+        }
+        previous = est.set_schedule(dyadic_steps)  # what the solver runs changed: the graphs go
+        try:
+            out = graphs.solve(est, *_piece(est, 37, 20, seed=0), 2)
+            assert captured[-1] == (1, 64) and list(graphs.cfm.runners) == [2]
+            assert (out - solve(est, *_piece(est, 37, 20, seed=0), 2)).abs().max() < ATOL
+        finally:
+            est.set_schedule(previous)
+        block = est.transformer_blocks[0]
+        block.forward = block.forward  # as a compiled block's forward lives on it: the graphs go
+        try:
+            graphs.solve(est, *_piece(est, 37, 20, seed=0), 2)
+            assert captured[-1] == (1, 64) and len(captured) == 5
+        finally:
+            del block.forward
+
+
+def test_vocoder_graphs_per_exact_length(model, captured, caplog):
+    voc = model.pipeline.vocoder
+    graphs = _graphs(model.pipeline)
+    g = torch.Generator().manual_seed(0)
+    mels = {n: torch.randn(1, 100, n, generator=g) - 6 for n in (30, 31, 32)}
+    with torch.inference_mode():
+        first = graphs.vocode(voc, mels[30])
+        assert torch.equal(first, vocode(voc, mels[30]))
+        again = graphs.vocode(voc, mels[30] + 0.5)  # same length: a replay with the new input
+        assert torch.equal(again, vocode(voc, mels[30] + 0.5)) and torch.equal(first, vocode(voc, mels[30]))
+        graphs.vocode(voc, mels[31])
+        assert captured == [(1, 30), (1, 31)]
+        graphs.vocoder.max_graphs = 2  # full: a new length runs eagerly, said once
+        with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
+            for _ in range(2):
+                assert torch.equal(graphs.vocode(voc, mels[32]), vocode(voc, mels[32]))
+        assert captured == [(1, 30), (1, 31)]
+        assert sum("runs eagerly" in r.message for r in caplog.records) == 1
+        kernel = voc.activation_post.kernel
+        previous = voc.set_activation_kernel(lambda *args: kernel(*args))  # another kernel: graphs go
+        try:
+            assert torch.equal(graphs.vocode(voc, mels[31]), vocode(voc, mels[31]))
+            assert captured[-1] == (1, 31) and graphs.vocoder.captured == [(1, 31)]
+        finally:
+            voc.set_activation_kernel(previous)
+
+
+def test_load_time_shapes_per_preset(model):
+    shapes = {p: _graphs(model.pipeline, p).load_time_shapes(None) for p in ("full", "minimal", "lazy")}
+    assert shapes["lazy"] == ([], [])
+    full_cfm, full_voc = shapes["full"]
+    minimal_cfm, minimal_voc = shapes["minimal"]
+    assert sorted(full_cfm) == sorted((1, f) for f in cfm_frame_buckets()) and len(full_cfm) == 15
+    assert minimal_cfm and set(minimal_cfm) < set(full_cfm)
+    assert minimal_voc and set(minimal_voc) < set(full_voc)
+    # fast preset, 25 tokens: the first window is all the first window's frames (73 at speed 1.3)
+    assert feature_frames(25, 1.3) in minimal_voc
+
+
+def _stream(pipe: Pipeline, ref, sentence, params):
+    return [a for a, _ in pipe.stream_sentence(ref, sentence, params, seed=3)]
+
+
+@pytest.mark.parametrize("preset", ["minimal", "full"])
+def test_stream_with_graphs_equals_eager_and_load_captures_its_first_chunks(model, voice, captured, preset):
+    pipe = model.pipeline
+    graphs = _graphs(pipe, preset)
+    fast = Pipeline(
+        pipe.frontend, pipe.hubert, pipe.bert, pipe.t2s, pipe.sovits, pipe.vocoder, pipe.device, pipe.dtype,
+        pipe.cache, pipe.model_id, None, graphs,
+    )  # fmt: skip
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
+    params = GptSovitsParams.build("fast", force_n_tokens=80, stream_chunk_tokens=25)
+    report = graphs.capture_at_load(ref.acoustic.fea.shape[2])
+    at_load = list(captured)
+    assert at_load and report["vocoder_frames"]
+    pieces = fast.stream_sentence(ref, sentence, params, seed=3)
+    first, second = next(pieces)[0], next(pieces)[0]
+    assert captured == at_load  # the first two chunks replayed graphs captured at load
+    streamed = [first, second, *(a for a, _ in pieces)]
+    eager = _stream(pipe, ref, sentence, params)
+    assert [len(a) for a in streamed] == [len(a) for a in eager]
+    np.testing.assert_allclose(np.concatenate(streamed), np.concatenate(eager), rtol=0, atol=1e-4)
+
+
+# -- GPU ----------------------------------------------------------------------------------------------
+
+
+def _cuda_model(tiny_set, dtype, preset="full"):  # noqa: F811
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    return load(tiny_set, device="cuda", dtype=dtype, cuda_graph_preset=preset)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_cfm_graph_equals_eager(tiny_set, dtype):  # noqa: F811
+    model = _cuda_model(tiny_set, dtype)
+    graphs = model.pipeline.acoustic_graphs
+    est = model.pipeline.sovits.cfm.estimator
+    with torch.inference_mode():
+        for n, p in ((100, 40), (541, 468), (934, 468)):
+            mu, prompt, noise = (t.to("cuda", dtype) for t in _piece(est, n, p, seed=n))
+            out = graphs.solve(est, mu, prompt, noise, 4)
+            slots = graphs.cfm._slots_of(graphs.cfm.key(1, n))  # the graph's inputs: eager on the same
+            eager = solve_padded(est, slots.mu, slots.prompt_x, slots.keep, slots.noise, 4, slots.mask)
+            assert torch.equal(out, eager[:, :, :n]), n  # the same kernels on the same buffers
+            alone = solve(est, mu, prompt, noise, 4)  # unpadded: up to rounding (masked attention)
+            tol = 1e-4 if dtype == torch.float32 else 2e-2
+            assert (out - alone).abs().max() <= tol * max(1.0, alone.abs().max().item()), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_vocoder_graph_equals_eager(tiny_set, dtype):  # noqa: F811
+    model = _cuda_model(tiny_set, dtype)
+    graphs, voc = model.pipeline.acoustic_graphs, model.pipeline.vocoder
+    with torch.inference_mode():
+        for n in (73, 107, 130):
+            mel = (torch.randn(1, 100, n, device="cuda") - 6).to(dtype)
+            assert torch.equal(graphs.vocode(voc, mel), vocode(voc, mel)), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, min_snr_db", [(torch.float32, 60.0), (torch.float16, 30.0)])
+def test_cuda_stream_with_graphs_equals_without(tiny_set, reference_wav, dtype, min_snr_db):  # noqa: F811
+    model = _cuda_model(tiny_set, dtype)
+    pipe = model.pipeline
+    graphs = pipe.acoustic_graphs
+    assert graphs is not None and graphs.info()["vocoder"] > 0  # captured at load
+    voice = Voice(reference_wav, REFERENCE_TEXT, "en")
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features("One sentence on the GPU, streamed.", Language.EN)
+    params = GptSovitsParams.build("fast", force_n_tokens=90, stream_chunk_tokens=25)
+    with_graphs = _stream(pipe, ref, sentence, params)
+    pipe.acoustic_graphs = None
+    try:
+        without = _stream(pipe, ref, sentence, params)
+    finally:
+        pipe.acoustic_graphs = graphs
+    assert [len(a) for a in with_graphs] == [len(a) for a in without] and len(with_graphs) >= 3
+    a, b = np.concatenate(with_graphs), np.concatenate(without)
+    snr = 10 * np.log10(np.sum(b**2) / max(np.sum((a - b) ** 2), 1e-30))
+    assert snr >= min_snr_db, snr
