@@ -14,7 +14,11 @@ Exactness at every level, for the first CHECKED streams: greedy streams against 
 decision margin is within epsilon); sampled streams against the same stream run alone on this
 engine (per-row streams make them comparable; first divergence reported, no margin available).
 
+--kernels triton steps with the kernels kernel_backend=triton gives the row engine (the many-row layer
+stack t2s_layer_stack_rows and the fused sampler; --rows-stack gemv keeps the one-row GEMV stack, for A/B).
+
     python benchmarks/t2s_batch_bench.py --out benchmarks/results/t2s_batch_h200.json
+    python benchmarks/t2s_batch_bench.py --kernels triton --out benchmarks/results/t2s_batch_triton_h200.json
     python benchmarks/t2s_batch_bench.py --device cpu --size tiny --dtype float32 --levels 1,4 --n-tokens 40
 """
 
@@ -34,7 +38,8 @@ from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SRequest
+from voicehub.runtime.kernels import registry
 from voicehub.runtime.scheduler import ContinuousScheduler
 
 N_PHONES, N_PROMPT = 80, 150
@@ -48,6 +53,18 @@ def stream_request(config, i: int, n_tokens: int) -> T2SRequest:
     else:
         params = T2SSamplingParams(seed=i, top_k=5, top_p=1.0, temperature=0.6, force_n_tokens=n_tokens)
     return T2SRequest(*random_prompt(config, N_PHONES, N_PROMPT, seed=1000 + i), params)
+
+
+def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | None:
+    """None (the model's own modules), or what KernelBackendTransform(triton) sets: both layer stacks
+    (the row engine uses layer_stack_rows, `StepKernels.for_rows`) and the fused sampler."""
+    if kernels == "native":
+        return None
+    ops = (registry.T2S_LAYER_STACK, registry.T2S_LAYER_STACK_ROWS, registry.T2S_SAMPLE_STEP)
+    layers, rows, sampler = (registry.resolve(op, kernels, device) for op in ops)
+    return StepKernels(
+        layer_stack=layers, layer_stack_rows=rows if rows_stack == "mma" else None, sampler=sampler
+    )
 
 
 def run_level(engine: T2SRowEngine, requests: list[T2SRequest]) -> dict:
@@ -105,6 +122,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="timed runs per level; the median-wall run is kept")
     p.add_argument("--stop-check-interval", type=int, default=8)
     p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (graphs off)")
+    p.add_argument(
+        "--kernels",
+        default="native",
+        choices=["native", "triton"],
+        help="triton: the step kernels of kernel_backend=triton (TRITON_INTERPRET=1 on the CPU)",
+    )
+    p.add_argument("--rows-stack", default="mma", choices=["mma", "gemv"],
+                   help="with --kernels triton: the many-row layer stack, or the one-row GEMV stack")  # fmt: skip
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     t_start = time.perf_counter()
@@ -122,6 +147,9 @@ def main() -> None:
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     engine, capture_s = timed(lambda: T2SRowEngine(model, cfg, preset="full" if on_gpu else "off"))
+    kernels = step_kernels(args.kernels, args.rows_stack, args.device)
+    if kernels is not None:  # captured again with the kernels (the first capture is the native step's)
+        _, capture_s = timed(lambda: engine.set_step_kernels(kernels))
     requests = [stream_request(config, i, args.n_tokens) for i in range(max(levels))]
     n_check = min(CHECKED, max(levels))
     eager = [
@@ -154,6 +182,10 @@ def main() -> None:
     info["warmups"] = "capture at load (preset full), one 4-stream run; median of --reps runs per level"
     info["arrival"] = "closed loop: every stream of a level submitted at once"
     info["epsilon_margin_rule"] = {"logit": EPSILON_LOGIT, "race": EPSILON_RACE}
+    info["kernels"] = {
+        "backend": args.kernels,
+        "rows_stack": args.rows_stack if args.kernels != "native" else None,
+    }
     result["meta"] = info
     print(
         f"{'streams':>7} {'wall_s':>8} {'tok/s':>9} {'tok/s/stream':>12} {'ttft_p50':>8} {'ttft_p95':>8}  identity"
