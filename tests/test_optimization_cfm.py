@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from torch._dynamo.backends.registry import lookup_backend
 
 from voicehub.models.gpt_sovits import Voice, load, techniques
 from voicehub.models.gpt_sovits.cfm.schedule import StepCache, dyadic_steps, uniform_steps
@@ -155,19 +156,30 @@ def test_lazy_model_applies_the_schedule_when_its_weights_load(tiny_set):  # noq
 
 
 def test_compile_is_exact_within_tolerance_and_restores(model, voice, monkeypatch):
-    monkeypatch.setattr(techniques, "COMPILE_BACKEND", "aot_eager")
+    graphs = []  # one entry per graph the backend compiles
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return lookup_backend("aot_eager")(graph_module, example_inputs)
+
+    monkeypatch.setattr(techniques, "COMPILE_BACKEND", counting_backend)
     pipe = model.pipeline
+    blocks = list(pipe.sovits.cfm.estimator.transformer_blocks)
+    assert len(blocks) > 1
     native = _audio(model, voice)
     result = model.optimize(TTSOptimizationConfig(compile="required"))
     try:
-        assert is_compiled(pipe.sovits.cfm.estimator) and is_compiled(pipe.vocoder)
+        assert all(is_compiled(b) for b in blocks) and not is_compiled(pipe.vocoder)
+        assert len(graphs) == 1  # regional: the blocks are identical, one compiled graph serves them all
         compiled = _audio(model, voice)
+        assert len(graphs) == 1  # real calls of other lengths reuse it
         (applied,) = json.loads(result.manifest())["applied"]
     finally:
         model.restore_tts_optimization()
     assert _rel(compiled, native) <= 1e-5  # fp32: aot_eager runs the same ops as eager
-    assert applied["details"] == {"backend": "aot_eager", "modules": ["cfm.estimator", "vocoder"]}
-    assert not is_compiled(pipe.sovits.cfm.estimator) and not is_compiled(pipe.vocoder)
+    labels = [f"cfm.estimator.transformer_blocks.{i}" for i in range(len(blocks))]
+    assert applied["details"] == {"backend": "counting_backend", "modules": labels}
+    assert not any(is_compiled(b) for b in blocks)
     assert np.array_equal(_audio(model, voice), native)
 
 
@@ -196,7 +208,8 @@ def test_a_compile_failure_raises_typed_and_rolls_back(model, monkeypatch):
     with pytest.raises(OptimizationCompileError, match="compile='disabled'") as info:
         model.optimize(config)
     assert "cannot compile anything" in repr(info.value.__cause__.__cause__ or info.value.__cause__)
-    assert model.optimization_result is None and not is_compiled(pipe.sovits.cfm.estimator)
+    assert model.optimization_result is None
+    assert not any(is_compiled(b) for b in pipe.sovits.cfm.estimator.transformer_blocks)
     assert pipe.sovits.cfm.estimator.schedule is uniform_steps  # the transform before it was undone
 
 
