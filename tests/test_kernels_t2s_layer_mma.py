@@ -180,3 +180,40 @@ def test_row_engine_greedy_tokens_with_the_mma_stack_equal_eager(mk, tiny):
         eager = decode(model, r.phone_ids, r.bert, r.prompt_tokens, r.params)
         assert h.result().tokens.tolist() == eager.tokens.tolist()
         assert len(set(eager.tokens.tolist())) > 1  # non-degenerate: the comparison can fail
+
+
+# -- CUDA -----------------------------------------------------------------------------------------
+
+FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    stack = registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cuda")
+    lengths = torch.tensor([730, 0, 1023, 300, 17, 511, 64, 65, 1, 900, 5, 640, 128, 129, 33, 700, 450, 2, 999, 256],
+                           device="cuda")  # fmt: skip
+    n_rows = lengths.numel()  # two row blocks of 16
+    w = random_weights(**FULL, dtype=dtype, device="cuda")
+    g = torch.Generator().manual_seed(3)
+    shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g).to("cuda", dtype) for _ in range(2))
+    x = torch.randn(n_rows, FULL["dim"], generator=g).to("cuda", dtype)
+    k_want, v_want = k.float(), v.float()
+    want = ref.decode_stack_reference(
+        x.float(), weights_as(w, torch.Tensor.float), k_want, v_want, lengths, 1024
+    )
+    got = stack(x, w, k, v, lengths, 1024)
+    tol = FP16_TOL if dtype == torch.float16 else 1e-4
+    assert rel_l2(got, want) <= tol and rel_l2(k, k_want) <= tol and rel_l2(v, v_want) <= tol
+    # bitwise: run to run, a row alone (smaller bucket) and at another place in another batch
+    assert torch.equal(stack(x, w, k.clone(), v.clone(), lengths, 1024), got)
+    for row in (3, 17):
+        one = slice(row, row + 1)
+        alone = stack(x[one], w, k[:, one].clone(), v[:, one].clone(), lengths[one], 768)
+        assert torch.equal(alone[0], got[row]), row
+    five = [5, 3, 0, 17, 9]
+    mixed = stack(x[five], w, k[:, five].clone(), v[:, five].clone(), lengths[five], 1024)
+    assert torch.equal(mixed, got[five])
