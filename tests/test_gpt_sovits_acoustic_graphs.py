@@ -195,6 +195,7 @@ def test_load_time_shapes_per_preset(model):
     full_cfm, full_voc = shapes["full"]
     minimal_cfm, minimal_voc = shapes["minimal"]
     assert sorted(full_cfm) == sorted((1, f) for f in cfm_frame_buckets()) and len(full_cfm) == 15
+    assert max(cfm_frame_buckets()) >= 934 and all(f % 64 == 0 for f in cfm_frame_buckets())
     assert minimal_cfm and set(minimal_cfm) < set(full_cfm)
     assert minimal_voc and set(minimal_voc) < set(full_voc)
     # fast preset, 25 tokens: the first window is all the first window's frames (73 at speed 1.3)

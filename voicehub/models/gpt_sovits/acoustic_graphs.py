@@ -59,8 +59,9 @@ log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
 def cfm_frame_buckets(step: int = CFM_FRAME_BUCKET, largest: int = T_CHUNK) -> tuple[int, ...]:
-    """Frame buckets of the CFM graphs: multiples of `step` below `largest`, then `largest`."""
-    return (*range(step, largest, step), largest)
+    """Frame buckets of the CFM graphs: the multiples of `step` up to the first that holds `largest`
+    (every bucket a multiple of 8 frames, as the masked attention kernels like their rows aligned)."""
+    return tuple(range(step, -(-largest // step) * step + 1, step))
 
 
 def feature_frames(n_tokens: int, speed: float) -> int:
@@ -230,6 +231,7 @@ class VocoderGraphs:
         self.runner: BucketedGraphRunner | None = None
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self._identity: tuple | None = None
+        self._keys: set[tuple[int, int]] = set()  # captured or being captured by the current runner
         self._refused: set[Hashable] = set()  # lengths said to run eagerly (logged once each)
 
     def current_runner(self) -> BucketedGraphRunner:
@@ -247,6 +249,7 @@ class VocoderGraphs:
         if self.runner is not None:
             self.runner.reset()
         self.runner = None
+        self._keys.clear()
 
     @property
     def captured(self) -> list[tuple[int, int]]:
@@ -255,8 +258,9 @@ class VocoderGraphs:
     def capture(self, n_frames: int) -> None:
         """Capture the window length `n_frames` now unless it is captured or refused (see `replayable`)."""
         key = (1, n_frames)
-        if self.replayable(n_frames) and key not in self.captured:
+        if self.replayable(n_frames) and key not in self._keys:
             self._input_of(key)  # allocated outside the capture, as every static input
+            self._keys.add(key)
             self.current_runner().run(key)
 
     def _step(self, key: tuple[int, int]) -> torch.Tensor:
@@ -273,17 +277,14 @@ class VocoderGraphs:
     def replayable(self, n_frames: int) -> bool:
         """Whether a window of n_frames replays a graph (captured, or there is room to capture it)."""
         key = (1, n_frames)
-        runner = self.current_runner()
-        if key in runner.captured_buckets:
-            return True
-        if n_frames <= self.max_frames and len(runner.captured_buckets) < self.max_graphs:
+        self.current_runner()  # drops the graphs if what the vocoder runs changed
+        if key in self._keys or (n_frames <= self.max_frames and len(self._keys) < self.max_graphs):
             return True
         if key not in self._refused:
             self._refused.add(key)
             log.warning(
                 "vocoder window of %d frames runs eagerly: graphs hold windows of <= %d frames, at most %d "
-                "lengths (%d captured)", n_frames, self.max_frames, self.max_graphs,
-                len(runner.captured_buckets),
+                "lengths (%d captured)", n_frames, self.max_frames, self.max_graphs, len(self._keys),
             )  # fmt: skip
         return False
 
@@ -295,6 +296,7 @@ class VocoderGraphs:
         key = (1, n)
         runner = self.current_runner()
         self._input_of(key).copy_(mel)  # cast to the vocoder's dtype, as vocode() does
+        self._keys.add(key)
         return runner.run(key).clone()
 
 
