@@ -25,6 +25,7 @@ from voicehub.models.gpt_sovits.acoustic_graphs import (
     cfm_frame_buckets,
     feature_frames,
 )
+from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, solve_pieces
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.cfm import solve
 from voicehub.models.gpt_sovits.cfm.schedule import dyadic_steps
@@ -288,3 +289,21 @@ def test_cuda_stream_with_graphs_equals_without(tiny_set, reference_wav, dtype, 
     a, b = np.concatenate(with_graphs), np.concatenate(without)
     snr = 10 * np.log10(np.sum(b**2) / max(np.sum((a - b) ** 2), 1e-30))
     assert snr >= min_snr_db, snr
+
+
+def test_batched_pieces_replay_the_rows_bucket(model, captured):
+    # The stream engine's CFM batches (batch_acoustic.solve_pieces): 3 rows of other lengths replay the
+    # (4 rows, 128 frames) graph, its 4th row padding; each row as solved alone, up to fp32 rounding.
+    est = model.pipeline.sovits.cfm.estimator
+    graphs = _graphs(model.pipeline)
+    pieces = []
+    for i, (n, p) in enumerate(((70, 30), (101, 40), (90, 12))):
+        mu, prompt, noise = _piece(est, n, p, seed=i)
+        pieces.append(CfmPiece(i, mu[0], prompt[0], noise[0], 2))
+    with torch.inference_mode():
+        eager = solve_pieces(est, pieces)
+        replayed = solve_pieces(est, pieces, graphs)
+    assert captured == [(4, 128)]
+    for a, b, piece in zip(replayed, eager, pieces):
+        assert a.shape == b.shape == (1, piece.noise.shape[0], piece.n_frames - piece.prompt.shape[1])
+        assert (a - b).abs().max() < ATOL

@@ -47,8 +47,8 @@ from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStre
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket
 
-CFM_FRAME_BUCKET = 64  # frames: a CFM piece is right-padded to a multiple of this (T_CHUNK: the last)
-CFM_ROW_BUCKETS = (1,)  # rows per CFM graph (the streaming path solves one piece at a time)
+CFM_FRAME_BUCKET = 64  # frames: a CFM piece is right-padded to a multiple of this
+CFM_ROW_BUCKETS = (1, 2, 4, 8, 16)  # rows per CFM graph: 1 streamed piece; the stream engine's batches
 COMMON_CHUNK_TOKENS = (25,)  # stream_chunk_tokens of the load-time shapes (the stream engine's default)
 COMMON_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values()}))  # the generation presets' speeds
 COMMON_SAMPLE_STEPS = (PRESETS[PresetName.FAST].sample_steps,)  # CFM steps of the load-time graphs
@@ -337,6 +337,19 @@ class AcousticGraphs:
         assert estimator is self.cfm.estimator and mu.shape[0] == 1, "one row of this model's CFM"
         with self._lock:
             return self.cfm.solve_rows([(mu[0], prompt[0], noise[0])], n_steps)[0][None]
+
+    @torch.inference_mode()
+    def solve_rows(
+        self, rows: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], n_steps: int
+    ) -> list[torch.Tensor]:
+        """`CfmGraphs.solve_rows` for batches of any size (split into groups of the largest row bucket)."""
+        most = self.cfm.row_buckets[-1]
+        with self._lock:
+            return [
+                x
+                for lo in range(0, len(rows), most)
+                for x in self.cfm.solve_rows(rows[lo : lo + most], n_steps)
+            ]
 
     @torch.inference_mode()
     def vocode(self, vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 
 from voicehub.audio.fades import FadeShape, StreamJoiner
 from voicehub.audio.mel import denorm_spec
+from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
@@ -144,14 +145,21 @@ class CfmRows:
 
 
 @torch.inference_mode()
-def solve_pieces(estimator: DiT, pieces: Sequence[CfmPiece]) -> list[torch.Tensor]:
+def solve_pieces(
+    estimator: DiT, pieces: Sequence[CfmPiece], graphs: AcousticGraphs | None = None
+) -> list[torch.Tensor]:
     """Solve pieces of one `sample_steps` together -> each piece's new frames, normalised [1, mel, n].
 
     Rows are right-padded to the longest; `keep` is 0 on each row's prompt frames and on its padding,
     and the mask keeps the padding out of every valid frame. Without padding no mask is passed, so one
-    piece alone runs exactly `solve`'s computation.
+    piece alone runs exactly `solve`'s computation. graphs: the batch replays the CFM graph of its
+    (rows, frames) bucket instead (rows and frames padded further; equal up to float rounding).
     """
     (n_steps,) = {p.sample_steps for p in pieces}
+    if graphs is not None:
+        assert estimator is graphs.cfm.estimator, "the graphs of this model's CFM"
+        xs = graphs.solve_rows([(p.mu, p.prompt, p.noise) for p in pieces], n_steps)
+        return [x[None, :, p.prompt.shape[1] :] for x, p in zip(xs, pieces)]
     first = pieces[0].mu
     b, n = len(pieces), max(p.n_frames for p in pieces)
     mel_dim = pieces[0].noise.shape[0]
