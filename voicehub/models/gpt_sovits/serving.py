@@ -361,7 +361,7 @@ class StreamEngine:
         if pieces:
             t0 = time.perf_counter()
             try:
-                mels = solve_pieces(self.pipeline.sovits.cfm.estimator, pieces)
+                mels = solve_pieces(self.pipeline.sovits.cfm.estimator, pieces, self.pipeline.acoustic_graphs)
             except Exception as error:
                 log.exception("CFM batch of %d rows failed; its streams fail", len(pieces))
                 for piece in pieces:
