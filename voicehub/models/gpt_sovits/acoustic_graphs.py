@@ -12,6 +12,9 @@ other than 'off'). Shapes, and why each is what it is:
   activations), so a right-padded window would change the frames near its end: windows are captured
   per exact length. A sentence's first window depends only on (stream_chunk_tokens, speed), and the
   next ones repeat a few lengths; the last window (any length) runs eagerly (`VocoderStream`).
+- the stream engine's CFM batches (batch_acoustic.solve_pieces) replay the same graphs with more rows
+  (CFM_ROW_BUCKETS; padded rows hold one valid frame each), captured on first use. Its vocoder
+  batches still run eagerly.
 Graphs replay what eager runs on the same buffers. The CFM noise is drawn by the caller, as eagerly,
 and copied into the static buffers, so the RNG stream is eager's. Outputs are cloned before the lock
 is released: a later replay in the same memory pool may overwrite them.
