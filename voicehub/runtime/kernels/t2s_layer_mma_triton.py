@@ -17,7 +17,9 @@ summed in an order that depends on the batch. A row's numbers do not depend on t
 batch size or the KV bucket: every block size is fixed per model shape (`config_for`), rows past
 the batch are masked to zero, and a tile's output element depends only on its own row and column.
 Scratch buffers come per call (inside a CUDA graph, from the graph's pool); the attention counters
-are zeroed by the qkv kernel before the attention kernel counts.
+are zeroed by the qkv kernel before the attention kernel counts. On Hopper and later the kernels use
+programmatic dependent launch as `t2s_layer_triton` does: a GEMM reads its first K chunk of weights
+(all of them when block_k covers the row) before it waits for the previous kernel.
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ class MmaConfig:
     attn_block: int = 64
     gemm_warps: int = 4
     attn_warps: int = 4
+    gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
     pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if name != "pdl" and (value < 1 or value & (value - 1)):
+            if name not in ("pdl", "gemm_stages") and (value < 1 or value & (value - 1)):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
         for name in ("block_m", "block_n", "block_k", "ffn_block"):
             if getattr(self, name) < MIN_DOT:
@@ -61,8 +64,9 @@ class MmaConfig:
 
 
 # (dim, ffn_dim, n_head, vocab) -> config. v3 at 64 rows: 4 row blocks x 48 qkv, 16 out-proj and
-# ffn2, 32 ffn1 programs; untuned on the H200 yet (benchmarks/t2s_layer_bench.py --mma-sweep)
-CONFIGS = {(512, 2048, 16, 1025): MmaConfig()}
+# ffn2, 32 ffn1, 33 head programs; K chunks of 128 (4 for D, 16 for the FFN's 2048). Not yet tuned
+# on the H200: benchmarks/t2s_layer_bench.py sweeps it (mma_sweep rows)
+CONFIGS = {(512, 2048, 16, 1025): MmaConfig(block_k=128)}
 
 
 def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
@@ -117,9 +121,25 @@ def _normed(
 
 @triton.jit
 def _w_chunk(w_ptr, outs, n_out, ks, n_in):
-    # W[outs, ks]^T [BLOCK_K, BLOCK_N]; nothing is read past n_in (the prefetch after the last chunk)
+    # W[outs, ks]^T [BLOCK_K, BLOCK_N] (0 past n_out and n_in)
     mask = (outs < n_out)[None, :] & (ks < n_in)[:, None]
     return tl.load(w_ptr + outs[None, :] * n_in + ks[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _x_chunk(
+    x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim, mean, inv_std,
+    RAW: tl.constexpr, dtype: tl.constexpr,
+):  # fmt: skip
+    # columns ks of the GEMM's left operand [BLOCK_M, BLOCK_K]: the raw rows or their LN; keep: stored too
+    mask = rmask[:, None] & (ks < dim)[None, :]
+    if RAW:
+        x = tl.load(x_ptr + rows[:, None] * sxb + ks[None, :], mask=mask, other=0.0)
+    else:
+        x = _normed(x_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, ks, mask, dim, mean, inv_std, dtype)
+    if keep:
+        tl.store(keep_ptr + rows[:, None] * dim + ks[None, :], x, mask=mask)
+    return x
 
 
 @triton.jit
@@ -129,26 +149,24 @@ def _normed_dot(
     BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, dtype: tl.constexpr,
 ):  # fmt: skip
     # [BLOCK_M, BLOCK_N] fp32 = x @ W[outs]^T, x = the raw rows (RAW) or LN(x + rnd(out + bias)); keep:
-    # this program also stores x (the layer's residual) to keep_ptr. The first weight chunk (W's whole
-    # tile when BLOCK_K covers the row) is read before waiting for the previous kernel (PDL), each next
-    # one before the current one is multiplied.
-    w = _w_chunk(w_ptr, outs, n_out, tl.arange(0, BLOCK_K), dim)
+    # this program also stores x (the layer's residual) to keep_ptr. The first chunk is peeled: its
+    # weights (W's whole tile when BLOCK_K covers the row) are read before waiting for the previous
+    # kernel (PDL); the loop's loads are left plain for Triton's software pipelining.
+    ks = tl.arange(0, BLOCK_K)
+    w = _w_chunk(w_ptr, outs, n_out, ks, dim)
     _await_previous(PDL)
+    mean = tl.zeros([BLOCK_M], tl.float32)  # unused by RAW
+    inv_std = mean
     if not RAW:
         mean, inv_std = _row_stats(x_ptr, out_ptr, bias_ptr, rows, rmask, dim, eps, BLOCK_D, dtype)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, dim, BLOCK_K):
+    x = _x_chunk(x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim, mean,
+                 inv_std, RAW, dtype)  # fmt: skip
+    acc = _mm(x, w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
+    for k0 in range(BLOCK_K, dim, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        mask = rmask[:, None] & (ks < dim)[None, :]
-        if RAW:
-            x = tl.load(x_ptr + rows[:, None] * sxb + ks[None, :], mask=mask, other=0.0)
-        else:
-            x = _normed(x_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, ks, mask, dim, mean, inv_std, dtype)
-        if keep:
-            tl.store(keep_ptr + rows[:, None] * dim + ks[None, :], x, mask=mask)
-        w_next = _w_chunk(w_ptr, outs, n_out, ks + BLOCK_K, dim)
-        acc = _mm(x, w, acc, IEEE)
-        w = w_next
+        x = _x_chunk(x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim,
+                     mean, inv_std, RAW, dtype)  # fmt: skip
+        acc = _mm(x, _w_chunk(w_ptr, outs, n_out, ks, dim), acc, IEEE)
     return acc
 
 
@@ -233,6 +251,13 @@ def _attention_kernel(
 
 
 @triton.jit
+def _a_chunk(a_ptr, rows, rmask, ks, n_in):
+    return tl.load(
+        a_ptr + rows[:, None] * n_in + ks[None, :], mask=rmask[:, None] & (ks < n_in)[None, :], other=0.0
+    )
+
+
+@triton.jit
 def _linear_kernel(
     a_ptr, w_ptr, out_ptr, n_rows, n_out, n_in,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
@@ -242,16 +267,13 @@ def _linear_kernel(
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask, omask = rows < n_rows, outs < n_out
-    w = _w_chunk(w_ptr, outs, n_out, tl.arange(0, BLOCK_K), n_in)  # before the wait, as in _normed_dot
+    ks = tl.arange(0, BLOCK_K)
+    w = _w_chunk(w_ptr, outs, n_out, ks, n_in)  # the peeled first chunk's weights before the wait
     _await_previous(PDL)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, n_in, BLOCK_K):
+    acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
+    for k0 in range(BLOCK_K, n_in, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rows[:, None] * n_in + ks[None, :], mask=rmask[:, None] & (ks < n_in)[None, :],
-                    other=0.0)  # fmt: skip
-        w_next = _w_chunk(w_ptr, outs, n_out, ks + BLOCK_K, n_in)
-        acc = _mm(a, w, acc, IEEE)
-        w = w_next
+        acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), _w_chunk(w_ptr, outs, n_out, ks, n_in), acc, IEEE)
     tl.store(out_ptr + rows[:, None] * n_out + outs[None, :], acc, mask=rmask[:, None] & omask[None, :])
 
 
@@ -335,7 +357,7 @@ class Scratch:
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
     dim = s.q.shape[1]
     return dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=triton.next_power_of_2(dim),
-                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps, **_launch(cfg, s.q.device))  # fmt: skip
+                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages, **_launch(cfg, s.q.device))  # fmt: skip
 
 
 def qkv_stage(
@@ -377,7 +399,8 @@ def linear_stage(a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: 
     n_out = weight.shape[0]
     _linear_kernel[(triton.cdiv(n_out, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
         a, weight, out, n_rows, n_out, n_in, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps, **_launch(cfg, a.device),
+        IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages,
+        **_launch(cfg, a.device),
     )  # fmt: skip
 
 
