@@ -54,6 +54,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     e2e) step e2e 320 python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
     streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
+    # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack
+    rows) step rows-tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py
+      step t2s-layer-rows 130 python3 benchmarks/t2s_layer_bench.py --rows 1,4,16,64,128 --no-sweep \
+        --out "$OUT/t2s_layer_rows_h200.json" ;;
+    batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 2 \
+      --out "$OUT/t2s_batch_triton_h200.json" ;;
     batch) step t2s-batch 240 python3 benchmarks/t2s_batch_bench.py --reps 2 --out "$OUT/t2s_batch_h200.json" ;;
     vits) step vits 60 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
   esac
