@@ -60,6 +60,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
         --out "$OUT/t2s_layer_rows_h200.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 2 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
+    # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
+    acoustictests) step acoustic-tests 110 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_gpt_sovits_acoustic_graphs.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
+    # the target level (64) and one below it, when a call has no room for every level
+    streams64) step streams 170 python3 benchmarks/streams_bench.py --levels 16,64 --duration 8 --drain 8 \
+      --budget-s 150 --out "$OUT/streams_h200.json" ;;
     batch) step t2s-batch 240 python3 benchmarks/t2s_batch_bench.py --reps 2 --out "$OUT/t2s_batch_h200.json" ;;
     vits) step vits 60 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
   esac
