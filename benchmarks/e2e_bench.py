@@ -66,7 +66,9 @@ PRESET = "fast"
 FAST = dict(how_to_cut="punctuation", sample_steps=4, top_k=5, top_p=1.0, temperature=0.6)
 SEED = 1234
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
-PROFILES = ("off", "full", "minimal", "lazy", "triton")  # graph presets, and triton = full + Triton kernels
+# graph presets; triton = full + Triton kernels, triton_minimal = minimal + Triton kernels
+PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
+TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
 
 
@@ -118,12 +120,12 @@ def load_profile(set_dir: Path, device: str, dtype: str, profile: str, strict: b
     from voicehub.optimization.config import TTSOptimizationConfig
 
     # No CUDA graphs off CUDA: there `full` and `triton` load eagerly (and triton then says why it cannot run).
-    preset = "full" if profile == "triton" else profile
+    preset = TRITON_PRESETS.get(profile, profile)
     preset = preset if device.startswith("cuda") else "off"
     kw = dict(
         model_type=MODEL_TYPE, device=device, dtype=dtype, cuda_graph_preset=preset, default_voice=voice
     )
-    if profile != "triton":
+    if profile not in TRITON_PRESETS:
         model = AutoModelForTextToSpeech.from_pretrained(set_dir, **kw)
         sync(device)
         return model, None
@@ -259,6 +261,8 @@ def run_profile(profile: str, set_dir: Path, voices: tuple, args) -> dict:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+            # what earlier profiles of this process still hold: the peaks below include it
+            row["allocated_before_load_gib"] = torch.cuda.memory_allocated() / 2**30
         t0 = time.perf_counter()
         model, manifest = load_profile(set_dir, args.device, args.dtype, profile, voice=voice)
         row["load_s"] = time.perf_counter() - t0
@@ -303,10 +307,14 @@ def child(args) -> None:
     from voicehub.models.gpt_sovits import Voice
 
     stamps["imported"] = time.time()
-    model, manifest = load_profile(args.set_dir, args.device, args.dtype, args.child, strict=False)
+    # The voice is the model's default voice, warmed up at load, as a server configures it.
+    voice = Voice(args.reference, PROMPT_TEXT, "en")
+    model, manifest = load_profile(
+        args.set_dir, args.device, args.dtype, args.child, strict=False, voice=voice
+    )
     row: dict = {"optimization_error": manifest.get("error")} if manifest else {}
     stamps["loaded"] = time.time()
-    voice = Voice(args.reference, PROMPT_TEXT, "en")
+    row["warm_up"] = getattr(model, "warm_up_info", None)
     row.update(first_audio(model, voice, TEXTS["short"], args.device, args.stream_window))
     stamps["first_audio"] = time.time()
     row.update(stamps=stamps, memory=memory(args.device))
@@ -440,8 +448,7 @@ def table(result: dict) -> str:
     ]
     for row in result["profiles"]:
         lines += profile_lines(row)
-    st = result.get("startup") or {}
-    for kind in ("cold", "warm") if st else ():
+    for st, kind in ((st, kind) for st in result.get("startups") or () for kind in ("cold", "warm")):
         row = st.get(kind) or {}
         value = row.get("process_start_to_first_audio_s")
         parts = " ".join(f"{k} {v:.2f}" for k, v in (row.get("breakdown_s") or {}).items())
@@ -461,7 +468,9 @@ def main() -> None:
         "--profiles", default=None, help=f"comma list of {PROFILES}; default all (cpu: off,triton)"
     )
     p.add_argument(
-        "--startup-profile", default=None, help="default: triton on CUDA (full if not applicable), off on CPU"
+        "--startup-profiles",
+        default=None,
+        help="comma list; default: triton,triton_minimal on CUDA (full if not applicable), off on CPU",
     )
     p.add_argument("--windows", dest="windows_arg", default="25,12,none",
                    help="stream_chunk_tokens values to time, comma list (the first number: the first requests "
@@ -496,8 +505,8 @@ def main() -> None:
         result["profiles"].append(run_profile(profile, set_dir, (voice, new_voice), args))
     result["derived"] = derived(result["profiles"], window_name(args.stream_window))
     if not args.skip_startup:
-        profile = args.startup_profile or ("triton" if cuda else "off")
-        result["startup"] = startup(profile, set_dir, reference, args)
+        names = (args.startup_profiles or ("triton,triton_minimal" if cuda else "off")).split(",")
+        result["startups"] = [startup(name, set_dir, reference, args) for name in names]
     print(table(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
