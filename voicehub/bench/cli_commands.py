@@ -1,6 +1,7 @@
-"""`voicehub bench | quality | support`: parsers and handlers, wired into voicehub/cli.py.
+"""`voicehub bench | quality | support | listening-kit | listening-score`: parsers and handlers,
+wired into voicehub/cli.py.
 
-`add_parsers(subparsers)` adds the three commands; `run(args)` runs one and returns the exit code
+`add_parsers(subparsers)` adds the commands; `run(args)` runs one and returns the exit code
 (quality: 0 accepted, 1 rejected).
 """
 
@@ -19,7 +20,7 @@ DEFAULT_TEXT = (
     "see the fishing boats returning to the harbour, their lamps swaying over the dark water. He wrote "
     "the weather in a small notebook, and on quiet nights he read aloud to the gulls."
 )
-COMMANDS = ("bench", "quality", "support")
+COMMANDS = ("bench", "quality", "support", "listening-kit", "listening-score")
 
 
 def _text_args(p: argparse.ArgumentParser, default: str | None) -> None:
@@ -35,7 +36,7 @@ def _text_args(p: argparse.ArgumentParser, default: str | None) -> None:
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Add `bench`, `quality` and `support` to the CLI's subparsers."""
+    """Add `bench`, `quality`, `support` and the listening-test commands to the CLI's subparsers."""
     bench = subparsers.add_parser("bench", help="benchmark eager against each optimization and auto")
     bench.add_argument(
         "--model", "-m", default=None, help="installed voice name or path (default: the embedded voice)"
@@ -93,6 +94,37 @@ def add_parsers(subparsers: Any) -> None:
     support.add_argument("--device", default=None, help="also show what auto resolves to on this device")
     support.add_argument("--dtype", default="float16")
     support.add_argument("--gpu-arch", default=None, help="e.g. sm_90 (detected when --device is a CUDA GPU)")
+    _add_listening_parsers(subparsers)
+
+
+def _add_listening_parsers(subparsers: Any) -> None:
+    kit = subparsers.add_parser(
+        "listening-kit", help="a blinded A/B listening test (HTML page + key) from saved bench audio"
+    )
+    kit.add_argument(
+        "bench_dirs",
+        nargs="+",
+        type=Path,
+        metavar="BENCH_DIR",
+        help="--out folder of `voicehub bench --save-audio`; each further run (other text or seed) adds items",
+    )
+    kit.add_argument("--out", type=Path, required=True, help="the kit folder to create (must not exist)")
+    kit.add_argument(
+        "--key", type=Path, default=None, help="the key file (default: KIT_DIR-key.json beside the folder)"
+    )
+    kit.add_argument(
+        "--seed", type=int, default=None, help="shuffling seed (default: a random one, recorded in the key)"
+    )
+    kit.add_argument("--profiles", default=None, help="comma-separated profiles (default: all saved)")
+    kit.add_argument("--reference", default="eager", help="the profile every other is paired with")
+    kit.add_argument("--title", default="Listening test", help="the page's title (name no system in it)")
+
+    score = subparsers.add_parser(
+        "listening-score", help="count the preferences in a listening kit's answers"
+    )
+    score.add_argument("key", type=Path, help="the kit's key file")
+    score.add_argument("answers", type=Path, nargs="+", help="answers files downloaded from the kit's page")
+    score.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _read_text(args: argparse.Namespace) -> str:
@@ -258,6 +290,61 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_listening_kit(args: argparse.Namespace) -> int:
+    import secrets
+
+    from voicehub.bench.listening import make_listening_kit, read_bench_runs
+
+    profiles = [n.strip() for n in args.profiles.split(",") if n.strip()] if args.profiles else None
+    samples, rate, texts = read_bench_runs(args.bench_dirs, profiles, args.reference)
+    seed = args.seed if args.seed is not None else secrets.randbits(31)
+    kit = make_listening_kit(
+        args.out, samples, rate, args.reference, texts, seed=seed, key_path=args.key, title=args.title
+    )
+    others = ", ".join(s for s in samples if s != args.reference)
+    print(f"wrote {kit.folder} ({kit.n_pairs} pairs: {args.reference} against {others}); open {kit.page}")
+    print(f"key: {kit.key} (keep it away from listeners)")
+    return 0
+
+
+def cmd_listening_score(args: argparse.Namespace) -> int:
+    from voicehub.bench.listening import add_tallies, read_json, score_answers, sign_test_p
+
+    key = read_json(args.key, "key file")
+    if not isinstance(key, dict) or not {"kit_id", "reference", "pairs"} <= key.keys():
+        raise ValueError(f"{str(args.key)!r} is not a listening-kit key (needs kit_id, reference and pairs)")
+    tallies = []
+    for path in args.answers:
+        try:
+            tallies.append(score_answers(key, read_json(path, "answers file")))
+        except ValueError as exc:
+            raise ValueError(f"{str(path)!r}: {exc}") from exc
+    total = add_tallies(tallies)
+    for counts in total.values():
+        counts["sign_test_p"] = sign_test_p(counts["preferred"], counts["reference_preferred"])
+    if args.json:
+        print(json.dumps({"kit_id": key["kit_id"], "reference": key["reference"], "n_answers": len(tallies),
+                          "profiles": total}, indent=2))  # fmt: skip
+        return 0
+    ref = key["reference"]
+    print(f"kit {key['kit_id']}: {len(tallies)} answers file(s); p: two-sided sign test, ties left out")
+    print(f"| profile | preferred | {ref} preferred | no difference | unanswered | p |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, c in total.items():
+        p = "-" if c["sign_test_p"] is None else f"{c['sign_test_p']:.3f}"
+        print(
+            f"| {name} | {c['preferred']} | {c['reference_preferred']} | {c['same']} | {c['unanswered']} | {p} |"
+        )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `args.command` (one of COMMANDS); returns the process exit code."""
-    return {"bench": cmd_bench, "quality": cmd_quality, "support": cmd_support}[args.command](args)
+    handlers = {
+        "bench": cmd_bench,
+        "quality": cmd_quality,
+        "support": cmd_support,
+        "listening-kit": cmd_listening_kit,
+        "listening-score": cmd_listening_score,
+    }
+    return handlers[args.command](args)
