@@ -12,7 +12,7 @@ from voicehub.bench import listening
 from voicehub.cli import main
 
 RATE = 8000
-PROFILES = ("eager", "compiled_triton", "fewsteps_cache")
+PROFILES = ("eager", "compiled_triton", "auto")
 
 
 def tone(freq):
@@ -78,10 +78,10 @@ def test_profiles_option_and_default_random_seed(tmp_path, benches, capsys):
     seeds = []
     for n in range(2):
         out = tmp_path / f"kit{n}"
-        args = ["listening-kit", str(benches[0]), "--out", str(out), "--profiles", "fewsteps_cache"]
+        args = ["listening-kit", str(benches[0]), "--out", str(out), "--profiles", "auto"]
         assert main(args + ["--key", str(tmp_path / "keys" / f"{n}.json")]) == 0
         key = json.loads((tmp_path / "keys" / f"{n}.json").read_text())
-        assert {p["A"] for p in key["pairs"]} | {p["B"] for p in key["pairs"]} == {"eager", "fewsteps_cache"}
+        assert {p["A"] for p in key["pairs"]} | {p["B"] for p in key["pairs"]} == {"eager", "auto"}
         seeds.append(key["seed"])
     assert seeds[0] != seeds[1]
 
@@ -102,13 +102,13 @@ def _answers(key, pick):
 def test_score_sums_listeners(tmp_path, benches, capsys):
     assert main(["listening-kit", *map(str, benches), "--out", str(tmp_path / "kit")]) == 0
     key = json.loads((tmp_path / "kit-key.json").read_text())
-    # listener 1 prefers compiled_triton over eager and hears no difference for fewsteps_cache;
-    # listener 2 prefers compiled_triton too and prefers eager over fewsteps_cache, one pair unanswered.
-    one = _answers(key, lambda p: "same" if "fewsteps_cache" in (p["A"], p["B"]) else
+    # listener 1 prefers compiled_triton over eager and hears no difference for auto;
+    # listener 2 prefers compiled_triton too and prefers eager over auto, one pair unanswered.
+    one = _answers(key, lambda p: "same" if "auto" in (p["A"], p["B"]) else
                    ("A" if p["A"] == "compiled_triton" else "B"))  # fmt: skip
     two = _answers(key, lambda p: "A" if p["A"] == ("compiled_triton" if "compiled_triton" in (p["A"], p["B"])
                                                     else "eager") else "B")  # fmt: skip
-    dropped = next(p["pair"] for p in key["pairs"] if "fewsteps_cache" in (p["A"], p["B"]))
+    dropped = next(p["pair"] for p in key["pairs"] if "auto" in (p["A"], p["B"]))
     del two["answers"][dropped]
     files = []
     for n, answers in enumerate((one, two)):
@@ -121,7 +121,7 @@ def test_score_sums_listeners(tmp_path, benches, capsys):
     assert result["profiles"]["compiled_triton"] == {
         "preferred": 4, "reference_preferred": 0, "same": 0, "unanswered": 0, "sign_test_p": 0.125,
     }  # fmt: skip
-    assert result["profiles"]["fewsteps_cache"] == {
+    assert result["profiles"]["auto"] == {
         "preferred": 0, "reference_preferred": 1, "same": 2, "unanswered": 1, "sign_test_p": 1.0,
     }  # fmt: skip
     assert main(["listening-score", str(tmp_path / "kit-key.json"), *map(str, files)]) == 0
