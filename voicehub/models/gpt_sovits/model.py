@@ -90,8 +90,8 @@ def build_pipeline(
     """
     t2s, t2s_config = load_t2s(files.gpt, device, dtype)
     # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
-    sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base).to(device=device, dtype=dtype)
-    vocoder = load_bigvgan(files.bigvgan).to(device=device, dtype=dtype)
+    sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base, device=device, dtype=dtype)
+    vocoder = load_bigvgan(files.bigvgan, device=device, dtype=dtype)
     hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
     bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
     frontend = frontend if frontend is not None else build_frontend(files)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from voicehub.errors import CheckpointError
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.sovits.strict import load_weight_normed, weight_norm_layers
+from voicehub.models.gpt_sovits.weights import assign_weight_normed
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "bigvgan_generator.pt"
@@ -74,8 +76,10 @@ def _resolve_folder(folder: Path) -> Path:
     )
 
 
-def load_bigvgan(folder: str | Path) -> BigVGAN:
-    """A ready BigVGAN (float32, CPU, eval, weight norm folded) from its folder."""
+def load_bigvgan(
+    folder: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> BigVGAN:
+    """A ready BigVGAN (eval, weight norm folded in float32) on `device` in `dtype`, from its folder."""
     folder = _resolve_folder(Path(folder))
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     try:
@@ -86,15 +90,20 @@ def load_bigvgan(folder: str | Path) -> BigVGAN:
     if not weights_path.is_file():
         raise CheckpointError(f"BigVGAN weights {weights_path} do not exist")
     try:
-        ckpt = torch.load(weights_path, map_location="cpu", weights_only=True)
+        # mmap (zip files; older pickles cannot be mapped): each tensor is read once, by the fold or the cast
+        mmap = zipfile.is_zipfile(weights_path)
+        ckpt = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         raise CheckpointError(f"cannot read BigVGAN weights {weights_path}: {exc}") from exc
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("generator"), dict):
         raise CheckpointError(
             f"{weights_path} has no 'generator' state dict; it is not a BigVGAN generator file"
         )
-    model = BigVGAN(conf)
-    load_weight_normed(model, ckpt["generator"], str(weights_path))
+    with torch.device("meta"):  # no throw-away random init: every value, the filters too, is in the file
+        model = BigVGAN(conf)
+    assign_weight_normed(
+        model, ckpt["generator"], str(weights_path), device=torch.device(device), dtype=dtype
+    )
     return model.eval()
 
 

@@ -23,9 +23,11 @@ import torch
 
 from voicehub.errors import CheckpointError
 from voicehub.models.checkpoints import check_state_dict, fold_weight_norm
+from voicehub.models.gpt_sovits.cfm.dit import sinusoid_table
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
-from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout, load_weight_normed
+from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
+from voicehub.models.gpt_sovits.weights import assign_weight_normed, rebuild_buffers
 
 HEADER_VERSIONS = {  # first two bytes -> (model version, is LoRA)
     b"00": ("v1", False),
@@ -55,6 +57,9 @@ class HParams:
 
 
 _CONFIG_CLASSES = [(HParams, "utils.HParams"), (HParams, "GPT_SoVITS.utils.HParams")]
+MD5_PREFIX_BYTES = 8192  # what PRETRAINED_MD5 hashes
+# The buffers SynthesizerV3 computes rather than reads (see weights.rebuild_buffers).
+COMPUTED_BUFFERS = {("TextEmbedding", "freqs_cis"): lambda b: sinusoid_table(b.shape[1], b.shape[0])}
 
 
 @dataclass
@@ -75,11 +80,13 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _torch_load(data: bytes, path: Path) -> Any:
+def _torch_load(data: bytes | None, path: Path) -> Any:
     # weights_only: a config pickled as utils.HParams is rebuilt as our stand-in, nothing else runs.
+    # data None: a plain zip, memory-mapped (its tensors are read once, by the cast to the model's dtype).
+    source = io.BytesIO(data) if data is not None else path
     try:
         with torch.serialization.safe_globals(_CONFIG_CLASSES):
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=data is None)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
         raise CheckpointError(f"cannot read {path} as a GPT-SoVITS checkpoint: {exc}") from exc
 
@@ -89,14 +96,15 @@ def read_sovits_file(path: str | Path) -> SoVITSFile:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"SoVITS checkpoint {path} does not exist")
-    data = path.read_bytes()
-    version, is_lora = PRETRAINED_MD5.get(hashlib.md5(data[:8192]).hexdigest()), False
-    head = data[:2]
+    with open(path, "rb") as f:
+        prefix = f.read(MD5_PREFIX_BYTES)
+    version, is_lora = PRETRAINED_MD5.get(hashlib.md5(prefix).hexdigest()), False
+    head, data = prefix[:2], None
     if head != b"PK":
         if head not in HEADER_VERSIONS:
             raise CheckpointError(f"{path} is neither a PyTorch zip file nor a GPT-SoVITS versioned .pth")
         version, is_lora = HEADER_VERSIONS[head]
-        data = b"PK" + data[2:]
+        data = b"PK" + path.read_bytes()[2:]  # torch reads a zip only from its real magic
     ckpt = _torch_load(data, path)
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("weight"), dict):
         raise CheckpointError(f"{path} has no 'weight' dict; it is not a GPT-SoVITS SoVITS checkpoint")
@@ -129,27 +137,40 @@ def _require_v3(f: SoVITSFile) -> None:
         )
 
 
-def build_sovits(f: SoVITSFile) -> SynthesizerV3:
-    """Build the model a full (non-LoRA) v3 file describes and load it strictly (float32, CPU)."""
+def build_sovits(
+    f: SoVITSFile, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> SynthesizerV3:
+    """Build the model a full (non-LoRA) v3 file describes and load it strictly on `device` in `dtype`."""
     _require_v3(f)
     if f.is_lora:
         raise CheckpointError(f"{f.path} is a LoRA checkpoint; load it with its base s2Gv3.pth")
     shapes = {k: tuple(t.shape) for k, t in f.weight.items()}
-    model = SynthesizerV3(SoVITSV3Arch.from_checkpoint(f.config, shapes, str(f.path)))
-    load_weight_normed(model, f.weight, str(f.path))
+    arch = SoVITSV3Arch.from_checkpoint(f.config, shapes, str(f.path))
+    with torch.device("meta"):  # no throw-away random init: every value comes from the file
+        model = SynthesizerV3(arch)
+    device = torch.device(device)
+    assign_weight_normed(model, f.weight, str(f.path), device=device, dtype=dtype)
+    rebuild_buffers(model, COMPUTED_BUFFERS, device, dtype)
     return model.eval()
 
 
-def load_sovits_v3(path: str | Path, base_path: str | Path | None = None) -> SynthesizerV3:
-    """A ready SoVITS v3 model (float32, CPU, eval) from a full file, or a LoRA file plus its base.
+def load_sovits_v3(
+    path: str | Path,
+    base_path: str | Path | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> SynthesizerV3:
+    """A ready SoVITS v3 model (eval) on `device` in `dtype`, from a full file, or a LoRA file plus its base.
 
     base_path: the pretrained `s2Gv3.pth` (GPT_SoVITS/pretrained_models/s2Gv3.pth), needed
-    only when `path` is a LoRA checkpoint.
+    only when `path` is a LoRA checkpoint. Each tensor is cast once, on its way to `device`; a LoRA
+    is merged in float32 on the CPU first (as `module.to` after a float32 load would give).
     """
     f = read_sovits_file(path)
     _require_v3(f)
     if not f.is_lora:
-        return build_sovits(f)
+        return build_sovits(f, device, dtype)
     if base_path is None or not Path(base_path).is_file():
         raise CheckpointError(
             f"{f.path} is a SoVITS v3 LoRA; its base s2Gv3.pth is needed but was not found at {base_path}. "
@@ -158,7 +179,7 @@ def load_sovits_v3(path: str | Path, base_path: str | Path | None = None) -> Syn
     base = read_sovits_file(base_path)
     model = build_sovits(base)
     apply_lora_file(model, f)
-    return model
+    return model.to(device=device, dtype=dtype)
 
 
 def apply_lora_file(model: SynthesizerV3, f: SoVITSFile) -> None:
