@@ -218,9 +218,10 @@ def test_stream_with_graphs_equals_eager_and_load_captures_its_first_chunks(mode
     ref = pipe.reference(voice)
     sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
     params = GptSovitsParams.build("fast", force_n_tokens=80, stream_chunk_tokens=25)
-    report = graphs.capture_at_load(ref.acoustic.fea.shape[2])
+    report = graphs.capture_at_load(ref.acoustic.fea.shape[2], encoder=pipe.sovits)
     at_load = list(captured)
     assert at_load and report["vocoder_frames"]
+    assert {(25, 32, 1.3), (50, 32, 1.3)} <= set(report["encoder_keys"]) and len(sentence.phone_ids) <= 32
     pieces = fast.stream_sentence(ref, sentence, params, seed=3)
     first, second = next(pieces)[0], next(pieces)[0]
     assert captured == at_load  # the first two chunks replayed graphs captured at load
@@ -276,7 +277,7 @@ def test_cuda_stream_with_graphs_equals_without(tiny_set, reference_wav, dtype, 
     model = _cuda_model(tiny_set, dtype)
     pipe = model.pipeline
     graphs = pipe.acoustic_graphs
-    assert graphs is not None and graphs.info()["vocoder"] > 0  # captured at load
+    assert graphs is not None and graphs.info()["vocoder"] > 0 and graphs.info()["encoder"] > 0  # at load
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     ref = pipe.reference(voice)
     sentence = pipe.text_features("One sentence on the GPU, streamed.", Language.EN)

@@ -12,6 +12,8 @@ other than 'off'). Shapes, and why each is what it is:
   activations), so a right-padded window would change the frames near its end: windows are captured
   per exact length. A sentence's first window depends only on (stream_chunk_tokens, speed), and the
   next ones repeat a few lengths; the last window (any length) runs eagerly (`VocoderStream`).
+- SoVITS encoder: the token prefix and the phonemes right-padded to buckets and masked, one graph per
+  (tokens, phonemes, speed) (encoder_graphs.py); made for the model passed to the first `encode`.
 - the stream engine's CFM batches (batch_acoustic.solve_pieces) replay the same graphs with more rows
   (CFM_ROW_BUCKETS; padded rows hold one valid frame each), captured on first use. Its vocoder
   batches still run eagerly.
@@ -22,9 +24,11 @@ is released: a later replay in the same memory pool may overwrite them.
 When graphs are captured (the model's cuda_graph_preset): `full` captures every CFM frame bucket
 (one row, the fast preset's steps) and the first LOAD_WINDOWS[full] vocoder windows of each common
 (chunk, speed) at load; `minimal` the shapes of the first LOAD_WINDOWS[minimal] windows of the default
-voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); `lazy` each
-shape on first use; everything not captured at load is captured on first use. Vocoder lengths are
-unbounded, so at most MAX_VOCODER_GRAPHS are kept; a new length past that runs eagerly, and says so.
+voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); both capture
+the encoder of each common (chunk, speed)'s first ENCODER_LOAD_WINDOWS windows for sentences of up to
+ENCODER_LOAD_PHONES phonemes; `lazy` each shape on first use; everything not captured at load is captured on first use.
+Vocoder lengths are unbounded, so at most MAX_VOCODER_GRAPHS are kept; a new length past that runs
+eagerly, and says so (the encoder likewise past its range, encoder_graphs.py).
 What the solver or vocoder runs (the schedule, the step cache, a compiled forward, the activation
 kernel) is part of the graphs' identity: when an optimization changes it, the graphs are dropped.
 """
@@ -43,8 +47,9 @@ import torch
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.encoder_graphs import PHONE_BUCKET, EncoderGraphs, encoder_key, forwards_of
 from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
-from voicehub.models.gpt_sovits.sovits.model import CONTENT_TO_MEL
+from voicehub.models.gpt_sovits.sovits.model import CONTENT_TO_MEL, SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
 from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
@@ -56,6 +61,8 @@ COMMON_CHUNK_TOKENS = (25,)  # stream_chunk_tokens of the load-time shapes (the 
 COMMON_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values()}))  # the generation presets' speeds
 COMMON_SAMPLE_STEPS = (PRESETS[PresetName.FAST].sample_steps,)  # CFM steps of the load-time graphs
 LOAD_WINDOWS = {GraphPreset.FULL: 6, GraphPreset.MINIMAL: 2}  # a sentence's first windows, shapes at load
+ENCODER_LOAD_WINDOWS = 2  # a sentence's first windows whose encoder shapes load captures (full, minimal)
+ENCODER_LOAD_PHONES = {GraphPreset.FULL: 128, GraphPreset.MINIMAL: 64}  # ... for up to these phonemes
 MAX_VOCODER_FRAMES = 2048  # longest vocoder window replayed from a graph (~22 s)
 MAX_VOCODER_GRAPHS = 64  # exact-length vocoder graphs kept; a new length past that runs eagerly
 log = logging.getLogger("voicehub.models.gpt_sovits")
@@ -106,12 +113,6 @@ def cfm_piece_frames(prompt_frames: int, chunk_tokens: int, speed: float, n_piec
     return sizes
 
 
-def _forwards_of(module: torch.nn.Module) -> tuple:
-    """The forwards set on instances in `module` (a compiled forward, runtime/compile.py, lives on its
-    instance, the whole model's or a block's): a graph captured before such a swap runs the old code."""
-    return tuple((name, f) for name, m in module.named_modules() if (f := vars(m).get("forward")) is not None)
-
-
 @dataclass
 class _CfmSlots:
     """Static inputs of one (rows, frames) CFM graph (solve_padded's layout)."""
@@ -151,7 +152,7 @@ class CfmGraphs:
     def runner(self, n_steps: int) -> BucketedGraphRunner:
         """The graphs of `n_steps` (made on first need); all are dropped when the solver changed."""
         est = self.estimator
-        identity = (est.schedule, est.step_cache, _forwards_of(est))
+        identity = (est.schedule, est.step_cache, forwards_of(est))
         if identity != self._identity:
             self.reset()
             self._identity = identity
@@ -240,7 +241,7 @@ class VocoderGraphs:
     def current_runner(self) -> BucketedGraphRunner:
         """The graphs of what the vocoder runs now (all dropped when that changed)."""
         voc = self.vocoder
-        identity = (voc.activation_post.kernel, _forwards_of(voc))
+        identity = (voc.activation_post.kernel, forwards_of(voc))
         if identity != self._identity or self.runner is None:
             self.reset()
             self._identity = identity
@@ -313,10 +314,11 @@ def build_acoustic_graphs(
 
 
 class AcousticGraphs:
-    """The streaming path's CFM and vocoder graphs of one loaded model (see the module's docstring).
+    """The streaming path's encoder, CFM and vocoder graphs of one loaded model (module docstring).
 
-    `solve` and `vocode` have the signatures of `cfm.solver.solve` (one row) and `bigvgan.vocode`, so
-    streaming.py takes them as its strategies. Calls from several threads take turns (one lock: the
+    `solve` and `vocode` have the signatures of `cfm.solver.solve` (one row) and `bigvgan.vocode`, and
+    `encode` that of `SynthesizerV3.decode_encp` with the model first, so streaming.py takes them as its
+    strategies. The encoder graphs are made for the SoVITS model whose CFM this is, on first need. Calls from several threads take turns (one lock: the
     static buffers serve one call at a time).
     """
 
@@ -329,7 +331,26 @@ class AcousticGraphs:
             )
         self.cfm = CfmGraphs(estimator, device)
         self.vocoder = VocoderGraphs(vocoder, device)
+        self.encoder: EncoderGraphs | None = None
+        self.device = device
         self._lock = threading.Lock()
+
+    def encoder_of(self, model: SynthesizerV3) -> EncoderGraphs:
+        """The encoder graphs of `model` (made on first call; the model must be this CFM's)."""
+        if self.encoder is None or self.encoder.model is not model:
+            if model.cfm.estimator is not self.cfm.estimator:
+                raise ValueError("encode() takes the SoVITS model whose CFM these graphs solve")
+            self.encoder = EncoderGraphs(model, self.device)
+        return self.encoder
+
+    @torch.inference_mode()
+    def encode(
+        self, model: SynthesizerV3, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float
+    ) -> torch.Tensor:
+        """`model.decode_encp(codes [1, 1, n], text [1, P], ge [1, gin, 1], speed)` -> [1, inter2, L] from
+        the graph of the padded (tokens, phonemes, speed) (eagerly where that is out of range)."""
+        with self._lock:
+            return self.encoder_of(model).encode(codes, text, ge, speed)
 
     @torch.inference_mode()
     def solve(
@@ -363,7 +384,8 @@ class AcousticGraphs:
 
     def load_time_shapes(self, prompt_frames: int | None) -> tuple[list[tuple[int, int]], list[int]]:
         """What the preset captures at load: (CFM (rows, frames) buckets, vocoder window lengths), for
-        a voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s)."""
+        a voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s).
+        The encoder's: `encoder_load_keys`."""
         n_windows = LOAD_WINDOWS.get(self.preset, 0)
         configs = [(c, s) for c in COMMON_CHUNK_TOKENS for s in COMMON_SPEEDS]
         frames = [f for c, s in configs for f in stream_window_frames(self.vocoder.vocoder, c, s, n_windows)]
@@ -374,17 +396,32 @@ class AcousticGraphs:
             cfm = [self.cfm.key(1, n) for c, s in configs for n in cfm_piece_frames(p, c, s, n_windows)]
         return list(dict.fromkeys(cfm)), sorted(set(frames), reverse=True)
 
+    def encoder_load_keys(self) -> list[tuple[int, int, float]]:
+        """Encoder (tokens, phonemes, speed) keys the preset captures at load: each common (chunk,
+        speed)'s first ENCODER_LOAD_WINDOWS windows, every phoneme bucket up to ENCODER_LOAD_PHONES."""
+        phones = range(PHONE_BUCKET, ENCODER_LOAD_PHONES.get(self.preset, 0) + 1, PHONE_BUCKET)
+        tokens = [k * c for c in COMMON_CHUNK_TOKENS for k in range(1, ENCODER_LOAD_WINDOWS + 1)]
+        keys = {encoder_key(t, p, s) for t in tokens for s in COMMON_SPEEDS for p in phones}
+        return sorted(keys, key=lambda k: (k[2], -k[0], -k[1]))  # largest first per speed (one pool each)
+
     @torch.inference_mode()
-    def capture_at_load(self, prompt_frames: int | None = None) -> dict[str, Any]:
-        """Capture `load_time_shapes` (each once: a shape captured before is kept); returns what was captured."""
+    def capture_at_load(
+        self, prompt_frames: int | None = None, encoder: SynthesizerV3 | None = None
+    ) -> dict[str, Any]:
+        """Capture `load_time_shapes` (each once: a shape captured before is kept), and with `encoder`
+        (the SoVITS model) `encoder_load_keys`; returns what was captured."""
         cfm_keys, frames = self.load_time_shapes(prompt_frames)
+        encoder_keys = self.encoder_load_keys() if encoder is not None else []
         with self._lock:
+            for key in encoder_keys:
+                self.encoder_of(encoder).capture(key)
             for n_steps in COMMON_SAMPLE_STEPS:
                 for key in cfm_keys:
                     self.cfm.capture(n_steps, key)
             for n in frames:
                 self.vocoder.capture(n)
-        return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames}
+        return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames,
+                "encoder_keys": encoder_keys}  # fmt: skip
 
     def info(self) -> dict[str, Any]:
         """JSON-ready: the preset and what is captured now."""
@@ -392,4 +429,5 @@ class AcousticGraphs:
             "preset": self.preset.value,
             "cfm": {str(n): len(r.captured_buckets) for n, r in self.cfm.runners.items()},
             "vocoder": len(self.vocoder.captured),
+            "encoder": 0 if self.encoder is None else len(self.encoder.captured),
         }

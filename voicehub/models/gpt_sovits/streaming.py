@@ -16,14 +16,16 @@ Differences from the per-sentence path, on purpose: the encoder sees no tokens r
 noise is drawn per window, and there is no whole-sentence peak normalisation (BigVGAN's output is already
 in [-1, 1]). The utterance length is the per-sentence path's, sample for sample.
 
-On CUDA with a capturing graph preset, the CFM pieces and the vocoder windows (all but a sentence's last)
-replay from CUDA graphs (`acoustic_graphs.AcousticGraphs`, passed as `graphs`): the same windows, the same
-noise draws, the CFM on a right-padded masked piece (equal up to float rounding).
+On CUDA with a capturing graph preset, the SoVITS encoder, the CFM pieces and the vocoder windows (all but
+a sentence's last) replay from CUDA graphs (`acoustic_graphs.AcousticGraphs`, passed as `graphs`): the
+same windows, the same noise draws, the encoder on right-padded masked tokens and phonemes and the CFM on
+a right-padded masked piece (each equal up to float rounding).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -236,16 +238,18 @@ def stream_windows(
 
     Lazy: each piece is yielded as soon as its window is through the chain (empty pieces are skipped,
     but the final one is always yielded). The pieces' total length is the per-sentence path's
-    (`decode_mel` + `vocode` of the final prefix). graphs: the CFM and vocoder replay from its CUDA
-    graphs (None: eager calls).
+    (`decode_mel` + `vocode` of the final prefix). graphs: the encoder, CFM and vocoder replay from its
+    CUDA graphs (None: eager calls).
     """
-    # Looked up per call (not bound as defaults), so a profiler can wrap the module's solve / vocode.
+    # Looked up per call (not bound as defaults), so a profiler can wrap the module's solve / vocode (or
+    # the graphs' encode / solve / vocode, or the model's decode_encp).
     solver, vocode_window = (solve, vocode) if graphs is None else (graphs.solve, graphs.vocode)
+    encode = model.decode_encp if graphs is None else partial(graphs.encode, model)
     cfm = CfmStream(model, prompt, sample_steps, generator, solver=solver)
     voc = VocoderStream(vocoder, vocode_window=vocode_window)
     n_done = 0  # feature frames already solved
     for tokens, is_final in windows:
-        fea = model.decode_encp(tokens[None, None], phones, prompt.ge, speed)  # [1, inter2, L(n)]
+        fea = encode(tokens[None, None], phones, prompt.ge, speed)  # [1, inter2, L(n)]
         new, n_done = fea[:, :, n_done:], fea.shape[2]
         mel = cfm.push(new) if new.shape[2] else denorm_spec(prompt.mel[:, :, :0])
         audio = voc.push(mel, is_last=is_final)

@@ -7,8 +7,8 @@ What a first request would otherwise pay, and where it moves:
   reads Latin letters as English, and requests default to `auto`), while the weights load;
 - the default voice's reference features (HuBERT, the quantizer, SoVITS's reference encoder): computed
   into the reference cache (Chinese transcripts run BERT there);
-- on CUDA with a capturing graph preset: the streamed path's CFM and vocoder graphs that the preset
-  captures at load (acoustic_graphs.py; for the default voice's prompt length when there is one);
+- on CUDA with a capturing graph preset: the streamed path's SoVITS encoder, CFM and vocoder graphs that
+  the preset captures at load (acoustic_graphs.py; for the default voice's prompt length when there is one);
 - on CUDA, with a default voice: one short sentence through both request paths (whole sentence, and
   streamed through the decoder's `decode_iter` in windows of the common stream_chunk_tokens), so kernel
   loading, cuBLAS/cuDNN set-up, the T2S prefill, the CFM and the vocoder have run once. Under the `lazy`
@@ -104,7 +104,7 @@ def warm_voice(pipe: Pipeline, voice: Voice | None) -> dict[str, Any]:
     if pipe.acoustic_graphs is not None:
         t1 = time.perf_counter()
         prompt_frames = ref.acoustic.fea.shape[2] if ref is not None else None
-        captured = pipe.acoustic_graphs.capture_at_load(prompt_frames)
+        captured = pipe.acoustic_graphs.capture_at_load(prompt_frames, encoder=pipe.sovits)
         report["acoustic_graphs"] = {**captured, "seconds": time.perf_counter() - t1}
     if report["chain"]:
         warm_chain(pipe, voice)

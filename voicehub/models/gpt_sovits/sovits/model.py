@@ -94,21 +94,52 @@ class SynthesizerV3(nn.Module):
         codes: [n_q, B, T] semantic tokens, row i valid for code_lengths[i]; text: [B, P] phoneme ids,
         valid for text_lengths[i]; ge: [B, gin, 1]; speeds: B floats. Returns features [B, inter2, N]
         and each row's length (what `decode_encp` returns for it); frames past a row's length are not
-        zero. Every encoder masks the padding out of valid frames; the speed resampling, whose
-        positions depend on a row's own length, runs row by row.
+        zero. Every encoder masks the padding out of valid frames; the speed resampling reads each
+        row's own frames (`resample_rows`).
         """
-        y_lengths = [2 * t for t in code_lengths]
+        sizes = [encp_lengths(t, s) for t, s in zip(code_lengths, speeds)]
+        as_tensor = partial(torch.tensor, device=codes.device)
+        resampled = any(s != 1 for s in speeds)
+        fea = self.decode_encp_masked(
+            codes, as_tensor(list(code_lengths)), text, as_tensor(list(text_lengths)), ge,
+            as_tensor([c for c, _, _ in sizes]) if resampled else None,
+            max(c for c, _, _ in sizes) if resampled else 2 * codes.shape[2],
+            as_tensor([m for _, _, m in sizes]),
+        )  # fmt: skip
+        return fea, [f for _, f, _ in sizes]
+
+    @torch.no_grad()
+    def decode_encp_masked(
+        self,
+        codes: torch.Tensor,
+        code_lengths: torch.Tensor,
+        text: torch.Tensor,
+        text_lengths: torch.Tensor,
+        ge: torch.Tensor,
+        content_lengths: torch.Tensor | None,
+        n_content: int,
+        mask_lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """The padded encoder with every length a tensor: no host sync and no shape that depends on a
+        value, so a CUDA graph can capture it for fixed (T, P, n_content) and replay it for any lengths.
+
+        codes: [n_q, B, T], code_lengths: [B] tokens; text: [B, P], text_lengths: [B] phonemes;
+        ge: [B, gin, 1]; content_lengths: [B] 50 Hz content frames after the speed resampling (None:
+        every row at speed 1, no resampling, n_content == 2T); mask_lengths: [B] feature frames that
+        wns1 keeps (`encp_lengths`). Returns [B, inter2, floor(1.875 * n_content)]; frames past a row's
+        feature length are not zero.
+        """
         quantized = self.quantizer.decode(codes).to(ge.dtype)
         quantized = F.interpolate(quantized, scale_factor=2, mode="nearest")  # 25 Hz -> 50 Hz
-        as_tensor = partial(torch.tensor, device=codes.device)
-        x = self.enc_p(quantized, as_tensor(y_lengths), text, as_tensor(text_lengths), ge)  # speed 1 here
-        x, x_lengths = _resample_rows(x, y_lengths, speeds)
-        fea = F.interpolate(self.bridge(x), scale_factor=CONTENT_TO_MEL, mode="nearest")
+        y_lengths = 2 * code_lengths
+        x = self.enc_p(quantized, y_lengths, text, text_lengths, ge)  # speed 1 here
+        if content_lengths is not None:
+            x = resample_rows(x, y_lengths, content_lengths, n_content)
+        assert x.shape[2] == n_content, "n_content is 2T when no row is resampled"
         # the nearest index of a frame does not depend on the input length, so a row's frames are its own
-        fea_lengths = [math.floor(n * CONTENT_TO_MEL) for n in x_lengths]
+        fea = F.interpolate(self.bridge(x), scale_factor=CONTENT_TO_MEL, mode="nearest")
         # wns1's mask alone is `mel_len` (past the features: no effect); padding is also masked here
-        mask_lengths = [min(_mel_len(t, s), n) for t, s, n in zip(code_lengths, speeds, fea_lengths)]
-        return self.wns1(fea, as_tensor(mask_lengths), ge), fea_lengths
+        return self.wns1(fea, mask_lengths, ge)
 
     @torch.no_grad()
     def extract_latent(self, ssl: torch.Tensor) -> torch.Tensor:
@@ -123,19 +154,36 @@ def _mel_len(t_sem: int, speed: float) -> int:
     return int(t_sem * MEL_LENGTH_FACTOR / speed) + 1
 
 
-def _resample_rows(
-    x: torch.Tensor, lengths: list[int], speeds: Sequence[float]
-) -> tuple[torch.Tensor, list[int]]:
-    """x: [B, C, T] content, row i valid for lengths[i] -> each row at its speed, right-padded with zeros.
+def encp_lengths(n_tokens: int, speed: float) -> tuple[int, int, int]:
+    """(content frames after the speed resampling, feature frames, wns1 mask frames) that `decode_encp`
+    makes from n_tokens semantic tokens at `speed`: the host-side lengths of `decode_encp_masked`."""
+    content = 2 * n_tokens if speed == 1 else int(2 * n_tokens / speed) + 1
+    n_fea = math.floor(content * CONTENT_TO_MEL)
+    return content, n_fea, min(_mel_len(n_tokens, speed), n_fea)
 
-    As TextEncoderV3 at speed != 1, on the row's own frames: linear resampling positions depend on
-    the input and output lengths, so a padded row resampled in the batch would not equal its solo call.
+
+def resample_rows(
+    x: torch.Tensor, in_lengths: torch.Tensor, out_lengths: torch.Tensor, n_out: int
+) -> torch.Tensor:
+    """x: [B, C, T] content, row b valid for in_lengths[b] -> [B, C, n_out]: row b resampled to
+    out_lengths[b] frames as `F.interpolate(row, size=out_lengths[b], mode="linear")` of its own frames
+    (upstream's speed change in TextEncoder), zeros past that.
+
+    Tensor ops only, so padded rows and graph replays need no host-side lengths. The positions are
+    PyTorch's: the scale in the kernel's precision (fp32, fp64 for fp64 input), source positions
+    scale * (j + 0.5) - 0.5 rounded once (as the CPU kernel's double arithmetic and the CUDA kernel's
+    fused multiply-add round them), the blend in that precision.
     """
-    if all(s == 1 for s in speeds):
-        return x, lengths
-    new_lengths = [n if s == 1 else int(n / s) + 1 for n, s in zip(lengths, speeds)]
-    out = x.new_zeros(x.shape[0], x.shape[1], max(new_lengths))
-    for i, (n, s, m) in enumerate(zip(lengths, speeds, new_lengths)):
-        row = x[i : i + 1, :, :n]
-        out[i, :, :m] = row[0] if s == 1 else F.interpolate(row, size=m, mode="linear")[0]
-    return out, new_lengths
+    rows, channels, t_in = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    scale = in_lengths.to(acc) / out_lengths.clamp(min=1).to(acc)  # [B]
+    dst = torch.arange(n_out, device=x.device, dtype=torch.float64) + 0.5  # [n_out], exact
+    src = (scale.double()[:, None] * dst - 0.5).to(acc).clamp(min=0)  # [B, n_out] align_corners=False
+    i0 = src.long().clamp(max=t_in - 1)  # floor (src >= 0); positions past a row's end are masked
+    i1 = torch.minimum(i0 + 1, (in_lengths[:, None] - 1).clamp(min=0))
+    w1 = src - i0
+    xa = x.to(acc)
+    pick = lambda i: xa.gather(2, i[:, None, :].expand(rows, channels, n_out))  # noqa: E731
+    out = pick(i0) * (1 - w1)[:, None] + pick(i1) * w1[:, None]
+    keep = dst[None] < out_lengths[:, None]  # j + 0.5 < n: frames of the row
+    return (out * keep[:, None]).to(x.dtype)

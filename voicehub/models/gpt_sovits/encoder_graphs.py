@@ -1,0 +1,175 @@
+"""CUDA graphs of the SoVITS v3 encoder (`decode_encp`) in the streaming path.
+
+Each window of a streamed sentence runs the encoder on the token prefix so far with the sentence's
+phonemes (streaming.py step 2). Eagerly that is ~19 ms of small kernels on an H200, whatever the size;
+replayed from a graph, a few. The graph runs `SynthesizerV3.decode_encp_masked` (one row, every length a
+tensor) on right-padded static buffers:
+- tokens padded to a multiple of TOKEN_BUCKET (25: the default stream_chunk_tokens, so a default
+  stream's windows fill their bucket exactly and only a sentence's last prefix is padded);
+- phonemes padded to a multiple of PHONE_BUCKET (constant through a sentence);
+- the speed is part of the key (it sets the resampled content length, the graph's shapes).
+The padded tokens and phonemes are masked in every encoder, the speed resampling reads the row's own
+frames (`resample_rows`), and wns1 masks the features past the row's length: the replay equals
+`decode_encp` of the unpadded prefix up to float rounding. Shapes past MAX_TOKENS / MAX_PHONES, or new
+ones once MAX_GRAPHS are held, run `decode_encp` eagerly (said once per shape). A compiled forward set on
+one of the encoder's modules drops the graphs (they would replay the old code).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset
+
+TOKEN_BUCKET = 25  # semantic tokens: a prefix is right-padded to a multiple of this
+PHONE_BUCKET = 32  # phonemes: a sentence's phonemes are right-padded to a multiple of this
+MAX_TOKENS = 500  # longest prefix replayed from a graph (20 s at speed 1)
+MAX_PHONES = 512  # most phonemes replayed from a graph
+MAX_GRAPHS = 96  # encoder graphs kept; a new shape past that runs eagerly
+log = logging.getLogger("voicehub.models.gpt_sovits")
+
+EncoderKey = tuple[int, int, float]  # (token bucket, phoneme bucket, speed)
+
+
+def forwards_of(module: torch.nn.Module) -> tuple:
+    """The forwards set on instances in `module` (a compiled forward, runtime/compile.py, lives on its
+    instance, the whole model's or a block's): a graph captured before such a swap runs the old code."""
+    return tuple((name, f) for name, m in module.named_modules() if (f := vars(m).get("forward")) is not None)
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def encoder_key(n_tokens: int, n_phones: int, speed: float) -> EncoderKey:
+    """The graph that serves a prefix of n_tokens with n_phones phonemes at `speed`."""
+    return round_up(n_tokens, TOKEN_BUCKET), round_up(n_phones, PHONE_BUCKET), float(speed)
+
+
+@dataclass
+class _EncoderSlots:
+    """Static inputs of one (tokens, phonemes, speed) graph (decode_encp_masked's layout, one row)."""
+
+    codes: torch.Tensor  # [1, 1, T] long
+    text: torch.Tensor  # [1, P] long
+    ge: torch.Tensor  # [1, gin, 1]
+    lengths: torch.Tensor  # [4] long: tokens, phonemes, content frames, wns1 mask frames
+    n_content: int  # the resampled content frames of a full bucket (the graph's static size)
+
+
+class EncoderGraphs:
+    """`decode_encp` of one streamed row replayed from graphs (see the module's docstring): one runner
+    per speed over (tokens, phonemes) buckets, static inputs per key. Not thread-safe (AcousticGraphs
+    locks)."""
+
+    def __init__(self, model: SynthesizerV3, device: torch.device, max_graphs: int = MAX_GRAPHS):
+        self.model, self.device, self.max_graphs = model, device, max_graphs
+        self.runners: dict[float, BucketedGraphRunner] = {}
+        self._slots: dict[EncoderKey, _EncoderSlots] = {}
+        self._keys: set[EncoderKey] = set()  # captured or being captured by the current runners
+        self._identity: tuple | None = None
+        self._refused: set[Hashable] = set()  # shapes said to run eagerly (logged once each)
+
+    def _modules(self) -> tuple[torch.nn.Module, ...]:
+        m = self.model
+        return m.quantizer, m.enc_p, m.bridge, m.wns1
+
+    def runner(self, speed: float) -> BucketedGraphRunner:
+        """The graphs of `speed` (made on first need); all are dropped when what the encoder runs changed."""
+        identity = tuple(forwards_of(m) for m in self._modules())
+        if identity != self._identity:
+            self.reset()
+            self._identity = identity
+        runner = self.runners.get(speed)
+        if runner is None:
+            keys = [
+                (t, p) for t in range(TOKEN_BUCKET, MAX_TOKENS + 1, TOKEN_BUCKET)
+                for p in range(PHONE_BUCKET, MAX_PHONES + 1, PHONE_BUCKET)
+            ]  # fmt: skip
+            step = lambda key: self._step((*key, speed))  # noqa: E731
+            # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
+            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
+            self.runners[speed] = runner
+        return runner
+
+    def reset(self) -> None:
+        for runner in self.runners.values():
+            runner.reset()
+        self.runners.clear()
+        self._keys.clear()
+
+    @property
+    def captured(self) -> list[EncoderKey]:
+        return [(t, p, s) for s, r in self.runners.items() for t, p in r.captured_buckets]
+
+    def replayable(self, key: EncoderKey) -> bool:
+        """Whether `key` replays a graph (captured, or in range with room to capture it)."""
+        self.runner(key[2])  # drops the graphs if what the encoder runs changed
+        if key in self._keys:
+            return True
+        if key[0] <= MAX_TOKENS and key[1] <= MAX_PHONES and len(self._keys) < self.max_graphs:
+            return True
+        if key not in self._refused:
+            self._refused.add(key)
+            log.warning(
+                "SoVITS encoder of %d tokens, %d phonemes (buckets) at speed %g runs eagerly: graphs hold "
+                "<= %d tokens, <= %d phonemes, at most %d shapes (%d captured)",
+                *key, MAX_TOKENS, MAX_PHONES, self.max_graphs, len(self._keys),
+            )  # fmt: skip
+        return False
+
+    def capture(self, key: EncoderKey) -> None:
+        """Capture `key` now unless it is captured or refused (its warm-up and capture run on the full bucket)."""
+        if self.replayable(key) and key not in self._keys:
+            self._slots_of(key)  # allocated outside the capture, as every static input
+            self._keys.add(key)
+            self.runner(key[2]).run(key[:2])
+
+    def _slots_of(self, key: EncoderKey) -> _EncoderSlots:
+        slots = self._slots.get(key)
+        if slots is None:
+            n_tokens, n_phones, speed = key
+            ge_dim = self.model.arch.gin_channels
+            w = self.model.bridge[0].weight
+            content, _, mask = encp_lengths(n_tokens, speed)
+            lengths = torch.tensor([n_tokens, n_phones, content, mask], device=w.device)  # the full bucket
+            slots = _EncoderSlots(
+                torch.zeros(1, 1, n_tokens, dtype=torch.long, device=w.device),
+                torch.zeros(1, n_phones, dtype=torch.long, device=w.device),
+                torch.zeros(1, ge_dim, 1, dtype=w.dtype, device=w.device),
+                lengths,
+                content,
+            )
+            self._slots[key] = slots
+        return slots
+
+    def _step(self, key: EncoderKey) -> torch.Tensor:
+        s, resampled = self._slots_of(key), key[2] != 1
+        n = s.lengths
+        return self.model.decode_encp_masked(
+            s.codes, n[0:1], s.text, n[1:2], s.ge, n[2:3] if resampled else None, s.n_content, n[3:4]
+        )
+
+    def encode(self, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float) -> torch.Tensor:
+        """`decode_encp(codes [1, 1, n], text [1, P], ge [1, gin, 1], speed)` -> [1, inter2, L] (a copy),
+        from the graph of the padded shape, or eagerly where the shape is out of range."""
+        n_tokens, n_phones = codes.shape[2], text.shape[1]
+        key = encoder_key(n_tokens, n_phones, speed)
+        if codes.shape[:2] != (1, 1) or not self.replayable(key):
+            return self.model.decode_encp(codes, text, ge, speed)
+        runner, s = self.runner(key[2]), self._slots_of(key)
+        s.codes.zero_()
+        s.codes[:, :, :n_tokens].copy_(codes)
+        s.text.zero_()
+        s.text[:, :n_phones].copy_(text)
+        s.ge.copy_(ge)
+        content, n_fea, mask = encp_lengths(n_tokens, speed)
+        for buf, value in zip(s.lengths, (n_tokens, n_phones, content, mask)):
+            buf.fill_(value)  # a fill kernel per length: no host-to-device copy to wait for
+        self._keys.add(key)
+        return runner.run(key[:2])[:, :, :n_fea].clone()
