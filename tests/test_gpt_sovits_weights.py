@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from voicehub.errors import CheckpointError
+from voicehub.models.checkpoints import load_strict, rename_weight_norm
+from voicehub.models.gpt_sovits.bert import COMPUTED as BERT_COMPUTED
+from voicehub.models.gpt_sovits.bert import OPTIONAL_KEYS, BertFeatureExtractor, make_bert_folder
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.bigvgan.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
@@ -16,8 +20,17 @@ from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkp
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.strict import load_weight_normed
-from voicehub.models.gpt_sovits.weights import assign_strict, check_materialized, rebuild_buffers
+from voicehub.models.gpt_sovits.ssl import (
+    HUBERT_OPTIONAL,
+    HubertEncoder,
+    find_weights,
+    load_transformers_model,
+    make_hubert_folder,
+    read_weights,
+)
+from voicehub.models.gpt_sovits.weights import assign_strict, check_materialized, rebuild_missing
 
+transformers = pytest.importorskip("transformers")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -96,21 +109,101 @@ def test_assign_strict_casts_once_and_keeps_parameters():
     )
     # the file's tensor is copied, never shared (a memory-mapped file stays read-only)
     assert module.lin.bias.data_ptr() != state["lin.bias"].data_ptr()
-    absent = _meta()
-    assign_strict(absent, {"lin.weight": state["lin.weight"]}, "x", device=torch.device("cpu"), dtype=torch.float32, optional=("lin.bias",))  # fmt: skip
-    assert torch.equal(absent.lin.bias, torch.zeros(2))
 
 
-def test_rebuild_buffers_casts_floating_ones_and_refuses_an_unknown_one():
+def test_an_optional_tensor_the_file_lacks_is_built_by_its_builder():
+    module = _meta()
+    state = {"lin.weight": torch.randn(2, 3)}
+    assign_strict(module, state, "x", device=torch.device("cpu"), dtype=torch.float16, optional=("lin.bias",))
+    assert module.lin.bias.is_meta
+    builders = {
+        ("_Computed", "steps"): lambda b: torch.arange(b.shape[0]),
+        ("_Computed", "table"): lambda b: torch.ones(b.shape),
+        ("Linear", "bias"): lambda b: torch.zeros(b.shape),
+    }
+    rebuild_missing(module, builders, torch.device("cpu"), torch.float16)
+    check_materialized(module)
+    bias = module.lin.bias
+    assert isinstance(bias, torch.nn.Parameter) and bias.requires_grad and bias.dtype == torch.float16
+    assert torch.equal(bias, torch.zeros(2, dtype=torch.float16))
+
+
+def test_rebuild_missing_casts_floating_ones_and_refuses_an_unknown_one():
     module = _meta()
     assign_strict(module, _Computed().state_dict(), "x", device=torch.device("cpu"), dtype=torch.float16)
     with pytest.raises(AssertionError, match="table"):
-        rebuild_buffers(module, {("_Computed", "steps"): lambda b: torch.arange(b.shape[0])}, torch.device("cpu"), torch.float16)  # fmt: skip
+        rebuild_missing(module, {("_Computed", "steps"): lambda b: torch.arange(b.shape[0])}, torch.device("cpu"), torch.float16)  # fmt: skip
     builders = {
         ("_Computed", "steps"): lambda b: torch.arange(b.shape[0]),
         ("_Computed", "table"): lambda b: torch.ones(b.shape),
     }
-    rebuild_buffers(module, builders, torch.device("cpu"), torch.float16)
+    rebuild_missing(module, builders, torch.device("cpu"), torch.float16)
     check_materialized(module)
     assert module.steps.dtype == torch.int64 and torch.equal(module.steps, torch.arange(4))
     assert module.table.dtype == torch.float16
+
+
+@pytest.fixture(scope="module")
+def hubert_folder(tmp_path_factory) -> Path:
+    return make_hubert_folder(tmp_path_factory.mktemp("pm") / "chinese-hubert-base", "tiny", seed=3)
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory) -> Path:
+    return make_bert_folder(tmp_path_factory.mktemp("pm") / "chinese-roberta-wwm-ext-large", "tiny", seed=5)
+
+
+def _hubert_built_for_real(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
+    model = transformers.HubertModel(config)
+    state = rename_weight_norm(read_weights(find_weights(folder)), set(model.state_dict()))
+    load_strict(model, state, "x", optional=HUBERT_OPTIONAL)
+    return model.to(dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+def test_hubert_equals_a_model_built_for_real(hubert_folder, dtype):
+    got = HubertEncoder.from_folder(hubert_folder, "cpu", dtype).model
+    check_materialized(got)
+    assert_same_module(got, _hubert_built_for_real(hubert_folder, dtype))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+def test_bert_equals_a_model_built_for_real(bert_folder, dtype):
+    config = transformers.BertConfig.from_json_file(str(bert_folder / "config.json"))
+    want = transformers.BertModel(config, add_pooling_layer=False)
+    state = {k.removeprefix("bert."): v for k, v in read_weights(find_weights(bert_folder)).items()}
+    load_strict(want, {k: v for k, v in state.items() if not k.startswith("cls.")}, "x")
+    got = BertFeatureExtractor.from_folder(bert_folder, "cpu", dtype).model
+    check_materialized(got)
+    assert_same_module(got, want.to(dtype=dtype).eval())
+
+
+def test_a_tensor_without_rebuild_function_builds_the_model_for_real(bert_folder, caplog):
+    # As a transformers version with a new computed buffer would: the same model, the slow way, logged.
+    config = transformers.BertConfig.from_json_file(str(bert_folder / "config.json"))
+    weights = find_weights(bert_folder)
+    state = {k.removeprefix("bert."): v for k, v in read_weights(weights).items() if not k.startswith("cls.")}
+    build = lambda: transformers.BertModel(config, add_pooling_layer=False)  # noqa: E731
+    cpu = torch.device("cpu")
+    with caplog.at_level("WARNING", logger="voicehub.models.gpt_sovits"):
+        slow = load_transformers_model(build, state, weights, cpu, torch.float16, OPTIONAL_KEYS, {})
+    assert "building the model in full" in caplog.text and "position_ids" in caplog.text
+    fast = load_transformers_model(build, state, weights, cpu, torch.float16, OPTIONAL_KEYS, BERT_COMPUTED)
+    assert_same_module(fast, slow)
+
+
+def test_hubert_file_without_masked_spec_embed_loads(hubert_folder, tmp_path):
+    folder = tmp_path / "chinese-hubert-base"
+    shutil.copytree(hubert_folder, folder)
+    state = torch.load(folder / "pytorch_model.bin")
+    del state["masked_spec_embed"]
+    torch.save(state, folder / "pytorch_model.bin")
+    model = HubertEncoder.from_folder(folder, "cpu", torch.float16).model
+    # its value is the constructor's (transformers makes it off the meta device) or zeros; unused at inference
+    check_materialized(model)
+    assert model.masked_spec_embed.dtype == torch.float16
+    del state["feature_projection.projection.bias"]
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"missing: feature_projection\.projection\.bias"):
+        HubertEncoder.from_folder(folder, "cpu", torch.float16)

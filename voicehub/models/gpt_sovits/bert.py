@@ -16,9 +16,14 @@ from pathlib import Path
 import torch
 
 from voicehub.errors import ModelNotFoundError
-from voicehub.models.checkpoints import load_strict
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
-from voicehub.models.gpt_sovits.ssl import CONFIG_MODEL, find_weights, import_transformers, read_weights
+from voicehub.models.gpt_sovits.ssl import (
+    find_weights,
+    import_transformers,
+    load_transformers_model,
+    read_weights,
+)
+from voicehub.models.gpt_sovits.weights import Builder
 
 BERT_FOLDER = "chinese-roberta-wwm-ext-large"  # its name inside upstream's pretrained_models/
 BERT_FEATURE_DIM = 1024  # hidden size of chinese-roberta-wwm-ext-large; the T2S bert_proj input
@@ -28,6 +33,11 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 IGNORED_PREFIXES = ("cls.", "bert.pooler.", "pooler.")
 # Older transformers saved position_ids as a persistent buffer; newer ones rebuild it.
 OPTIONAL_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# What BertEmbeddings computes rather than reads (transformers: arange and zeros of [1, max positions]).
+COMPUTED: dict[tuple[str, str], Builder] = {
+    ("BertEmbeddings", "position_ids"): lambda t: torch.arange(t.shape[-1]).expand(t.shape),
+    ("BertEmbeddings", "token_type_ids"): lambda t: torch.zeros(t.shape, dtype=torch.long),
+}
 
 
 def is_bert_language(language: str) -> bool:
@@ -74,13 +84,14 @@ class BertFeatureExtractor(torch.nn.Module):
         folder = check_bert_folder(folder)
         transformers = import_transformers()
         config = transformers.BertConfig.from_json_file(str(folder / "config.json"))
-        with torch.device(device):
-            model = transformers.BertModel(config, add_pooling_layer=False)
         weights = find_weights(folder)
         state = {k: v for k, v in read_weights(weights).items() if not k.startswith(IGNORED_PREFIXES)}
-        load_strict(model, _strip_prefix(state), weights, model=CONFIG_MODEL, optional=OPTIONAL_KEYS)
+        build = lambda: transformers.BertModel(config, add_pooling_layer=False)  # noqa: E731
+        model = load_transformers_model(
+            build, _strip_prefix(state), weights, torch.device(device), dtype, OPTIONAL_KEYS, COMPUTED
+        )
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        return cls(model.to(device=device, dtype=dtype).eval(), tokenizer, folder)
+        return cls(model.eval(), tokenizer, folder)
 
     @torch.inference_mode()
     def char_features(self, text: str) -> torch.Tensor:

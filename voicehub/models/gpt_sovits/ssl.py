@@ -13,7 +13,9 @@ code path can reach a model hub.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ import torch
 from voicehub.errors import CheckpointError, MissingDependencyError, ModelNotFoundError
 from voicehub.models.checkpoints import load_strict, rename_weight_norm
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
+from voicehub.models.gpt_sovits.weights import Builder, assign_strict, rebuild_missing, without_builder
 
 HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
 HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
@@ -29,6 +32,12 @@ REFERENCE_PAD_FACTOR = 0.3  # upstream: zeros = int(sovits data.sampling_rate * 
 V3_SOVITS_SAMPLE_RATE = 32000  # v3 SoVITS data.sampling_rate (reference spectrogram rate)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_MODEL = "the model from its config.json"  # what a transformers folder's weights must match
+# masked_spec_embed fills masked frames in training only; some exports leave it out (then zeros).
+HUBERT_OPTIONAL = ("masked_spec_embed",)
+HUBERT_COMPUTED: dict[tuple[str, str], Builder] = {
+    ("HubertModel", "masked_spec_embed"): lambda t: torch.zeros(t.shape)
+}
+log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
 def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> int:
@@ -46,6 +55,39 @@ def import_transformers():
     return transformers
 
 
+def load_transformers_model(
+    build: Callable[[], torch.nn.Module],
+    state: Mapping[str, torch.Tensor],
+    source: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    optional: tuple[str, ...],
+    computed: Mapping[tuple[str, str], Builder],
+) -> torch.nn.Module:
+    """`build()` on the meta device, loaded strictly with `state`, each tensor cast once to `dtype` on `device`.
+
+    computed: how to rebuild what the file may lack (non-persistent buffers, `optional` tensors). A
+    transformers version whose model has a tensor not covered there is built for real and loaded
+    as before (the same values, more slowly), and the log says so.
+    """
+    with torch.device("meta"):  # no throw-away random init of every weight
+        model = build()
+    uncovered = [name for name in without_builder(model, computed) if name not in state]
+    if uncovered:
+        log.warning(
+            "%s: building the model in full (tensors with no rebuild function: %s)", source, uncovered[:4]
+        )
+        with torch.device(device):
+            model = build()
+        load_strict(model, state, source, model=CONFIG_MODEL, optional=optional)
+        return model.to(device=device, dtype=dtype)
+    assign_strict(
+        model, state, str(source), device=device, dtype=dtype, model=CONFIG_MODEL, optional=optional
+    )
+    rebuild_missing(model, computed, device, dtype)
+    return model
+
+
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from a .safetensors or torch .bin file; unreadable files raise CheckpointError."""
     try:
@@ -53,7 +95,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        # mmap (zip files; older pickles cannot be mapped): tensors are read once, by the cast to the model's dtype
+        mmap = zipfile.is_zipfile(path)
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch and safetensors raise many types for a corrupt file
         raise CheckpointError(f"cannot read weights file {str(path)!r}: {exc}") from exc
     if not isinstance(state, Mapping):
@@ -100,13 +144,16 @@ class HubertEncoder(torch.nn.Module):
         folder = check_hubert_folder(folder)
         transformers = import_transformers()
         config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
-        with torch.device(device):
-            model = transformers.HubertModel(config)
+        with torch.device("meta"):  # only its tensor names, for the weight-norm naming
+            names = set(transformers.HubertModel(config).state_dict())
         weights = find_weights(folder)
-        state = rename_weight_norm(read_weights(weights), set(model.state_dict()))
-        # masked_spec_embed only fills masked frames in training; some exports leave it out.
-        load_strict(model, state, weights, model=CONFIG_MODEL, optional=("masked_spec_embed",))
-        return cls(model.to(device=device, dtype=dtype).eval(), folder)
+        state = rename_weight_norm(read_weights(weights), names)
+        build = lambda: transformers.HubertModel(config)  # noqa: E731
+        device = torch.device(device)
+        model = load_transformers_model(
+            build, state, weights, device, dtype, HUBERT_OPTIONAL, HUBERT_COMPUTED
+        )
+        return cls(model.eval(), folder)
 
     @property
     def hidden_size(self) -> int:

@@ -5,9 +5,9 @@ SoVITS DiT) only for `load_state_dict` to overwrite every value. Built under `to
 it costs nothing; the checkpoint's tensors are then checked strictly (naming any missing,
 unexpected or mis-shaped tensor and the file), cast to the model's dtype on their way to its
 device (one copy each, not a float32 copy converted again by `module.to`), and assigned. What the
-file does not hold, the non-persistent buffers a constructor computes, is rebuilt by a function
-per (module class name, buffer name): a buffer with no such function raises, so no module leaves
-a load with an uninitialised tensor.
+file does not hold (the non-persistent buffers a constructor computes, an optional tensor) is
+rebuilt by a function per (module class name, tensor name): a tensor with no such function
+fails the load, so no module leaves it with an uninitialised tensor.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 
 from voicehub.models.checkpoints import check_state_dict, fold_weight_norm
-from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
 
-# (meta buffer) -> its value on the CPU, in the dtype the constructor gives it.
-BufferBuilder = Callable[[torch.Tensor], torch.Tensor]
+# (meta tensor) -> its value on the CPU, in the dtype the constructor gives it.
+Builder = Callable[[torch.Tensor], torch.Tensor]
 
 
 def target_dtype(own: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
@@ -41,21 +40,17 @@ def assign_strict(
     hint: str = "",
 ) -> None:
     """Check `state` against `module.state_dict()` (module built on meta), then assign each tensor cast
-    to `dtype` (floating ones) on `device`. An optional tensor the file lacks becomes zeros (it must be
-    unused at inference, which is what makes it optional)."""
-    optional = set(optional)
+    to `dtype` (floating ones) on `device`. An optional tensor the file lacks stays on meta, for
+    `rebuild_missing` to compute."""
     own = module.state_dict(keep_vars=True)
-    check_state_dict({k: tuple(v.shape) for k, v in own.items()}, state, source, model=model, optional=optional, hint=hint)  # fmt: skip
-    values = {}
-    for name, ref in own.items():
-        dt = target_dtype(ref, dtype)
-        value = state.get(name)
-        values[name] = (
-            torch.zeros(ref.shape, dtype=dt, device=device)
-            if value is None
-            else value.to(device=device, dtype=dt, copy=True)  # a memory-mapped file's pages stay its own
-        )
-    module.load_state_dict(values, strict=True, assign=True)
+    expected = {k: tuple(v.shape) for k, v in own.items()}
+    check_state_dict(expected, state, source, model=model, optional=optional, hint=hint)
+    values = {
+        # copy: a memory-mapped file's pages are never shared with the model
+        name: value.to(device=device, dtype=target_dtype(own[name], dtype), copy=True)
+        for name, value in state.items()
+    }
+    module.load_state_dict(values, strict=False, assign=True)  # strictness checked above
 
 
 def assign_weight_normed(
@@ -68,31 +63,49 @@ def assign_weight_normed(
 ) -> None:
     """`strict.load_weight_normed` for a module built on meta: check the file's own names (either
     weight-norm layout), fold each pair in float32, and assign every tensor cast once to `dtype`."""
+    # Imported here: the sovits package imports this module (its loader), and ssl/bert, which files.py
+    # imports, do too.
+    from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
+
     has_g = any(k.endswith(".weight_g") for k in tensors)
     check_state_dict(file_layout(module, weight_normed=has_g), tensors, source, hint=SLOT_HINT)
     assign_strict(module, fold_weight_norm(tensors), source, device=device, dtype=dtype, hint=SLOT_HINT)
 
 
-def rebuild_buffers(
+def _on_meta(module: torch.nn.Module):
+    # (owner's name, owner, tensor name, tensor) of each parameter and buffer still on the meta device
+    for owner_name, owner in module.named_modules():
+        for name, t in [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]:
+            if t is not None and t.is_meta:
+                yield owner_name, owner, name, t
+
+
+def without_builder(module: torch.nn.Module, builders: Mapping[tuple[str, str], Builder]) -> list[str]:
+    """Names of the tensors left on meta that `builders` cannot compute."""
+    found = [(f"{o}.{n}" if o else n, owner, n) for o, owner, n, _ in _on_meta(module)]
+    return [full for full, owner, n in found if (type(owner).__name__, n) not in builders]
+
+
+def rebuild_missing(
     module: torch.nn.Module,
-    builders: Mapping[tuple[str, str], BufferBuilder],
+    builders: Mapping[tuple[str, str], Builder],
     device: torch.device,
     dtype: torch.dtype,
 ) -> None:
-    """Give every buffer still on the meta device its value from `builders[(class name, buffer name)]`,
-    cast as `module.to(device, dtype)` would."""
-    for owner_name, owner in module.named_modules():
-        for name, buf in list(owner.named_buffers(recurse=False)):
-            if buf is None or not buf.is_meta:
-                continue
-            key = (type(owner).__name__, name)
-            if key not in builders:
-                raise AssertionError(
-                    f"{owner_name}.{name} ({key[0]}) is not in the checkpoint and has no rebuild function"
-                )
-            value = builders[key](buf)
-            assert value.shape == buf.shape, f"{owner_name}.{name}: rebuilt {value.shape}, built {buf.shape}"
-            setattr(owner, name, value.to(device=device, dtype=target_dtype(value, dtype)))
+    """Give every tensor still on the meta device (non-persistent buffers, optional tensors the file
+    lacked) its value from `builders[(class name, tensor name)]`, cast as `module.to(device, dtype)` would."""
+    unknown = without_builder(module, builders)
+    assert not unknown, f"not in the checkpoint and no rebuild function: {unknown[:8]}"
+    for owner_name, owner, name, t in list(_on_meta(module)):
+        value = builders[(type(owner).__name__, name)](t)
+        assert value.shape == t.shape, f"{owner_name}.{name}: rebuilt {value.shape}, built {t.shape}"
+        value = value.to(device=device, dtype=target_dtype(value, dtype))
+        if isinstance(t, torch.nn.Parameter):
+            value = torch.nn.Parameter(value, requires_grad=t.requires_grad)
+        setattr(owner, name, value)
+    # A legacy constructor (`torch.Tensor(n)`, as transformers' HubertModel uses) ignores the meta
+    # device: cast what it made as `module.to` did; every other tensor is in place already (no copy).
+    module.to(device=device, dtype=dtype)
 
 
 def check_materialized(module: torch.nn.Module) -> None:

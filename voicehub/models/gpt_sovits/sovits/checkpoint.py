@@ -27,7 +27,7 @@ from voicehub.models.gpt_sovits.cfm.dit import sinusoid_table
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
-from voicehub.models.gpt_sovits.weights import assign_weight_normed, rebuild_buffers
+from voicehub.models.gpt_sovits.weights import assign_weight_normed, rebuild_missing
 
 HEADER_VERSIONS = {  # first two bytes -> (model version, is LoRA)
     b"00": ("v1", False),
@@ -58,7 +58,7 @@ class HParams:
 
 _CONFIG_CLASSES = [(HParams, "utils.HParams"), (HParams, "GPT_SoVITS.utils.HParams")]
 MD5_PREFIX_BYTES = 8192  # what PRETRAINED_MD5 hashes
-# The buffers SynthesizerV3 computes rather than reads (see weights.rebuild_buffers).
+# The buffers SynthesizerV3 computes rather than reads (see weights.rebuild_missing).
 COMPUTED_BUFFERS = {("TextEmbedding", "freqs_cis"): lambda b: sinusoid_table(b.shape[1], b.shape[0])}
 
 
@@ -150,7 +150,7 @@ def build_sovits(
         model = SynthesizerV3(arch)
     device = torch.device(device)
     assign_weight_normed(model, f.weight, str(f.path), device=device, dtype=dtype)
-    rebuild_buffers(model, COMPUTED_BUFFERS, device, dtype)
+    rebuild_missing(model, COMPUTED_BUFFERS, device, dtype)
     return model.eval()
 
 
