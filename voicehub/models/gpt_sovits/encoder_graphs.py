@@ -108,8 +108,8 @@ class EncoderGraphs:
         return [(t, p, s) for s, r in self.runners.items() for t, p in r.captured_buckets]
 
     def replayable(self, key: EncoderKey) -> bool:
-        """Whether `key` replays a graph (captured, or in range with room to capture it)."""
-        self.runner(key[2])  # drops the graphs if what the encoder runs changed
+        """Whether `key` replays a graph (captured, or in range with room to capture it). Call it after
+        `runner`, which drops the graphs if what the encoder runs changed."""
         if key in self._keys:
             return True
         if key[0] <= MAX_TOKENS and key[1] <= MAX_PHONES and len(self._keys) < self.max_graphs:
@@ -125,10 +125,11 @@ class EncoderGraphs:
 
     def capture(self, key: EncoderKey) -> None:
         """Capture `key` now unless it is captured or refused (its warm-up and capture run on the full bucket)."""
+        runner = self.runner(key[2])
         if self.replayable(key) and key not in self._keys:
             self._slots_of(key)  # allocated outside the capture, as every static input
             self._keys.add(key)
-            self.runner(key[2]).run(key[:2])
+            runner.run(key[:2])
 
     def _slots_of(self, key: EncoderKey) -> _EncoderSlots:
         slots = self._slots.get(key)
@@ -160,9 +161,10 @@ class EncoderGraphs:
         from the graph of the padded shape, or eagerly where the shape is out of range."""
         n_tokens, n_phones = codes.shape[2], text.shape[1]
         key = encoder_key(n_tokens, n_phones, speed)
+        runner = self.runner(key[2])  # the identity check walks the modules: once per call
         if codes.shape[:2] != (1, 1) or not self.replayable(key):
             return self.model.decode_encp(codes, text, ge, speed)
-        runner, s = self.runner(key[2]), self._slots_of(key)
+        s = self._slots_of(key)
         s.codes.zero_()
         s.codes[:, :, :n_tokens].copy_(codes)
         s.text.zero_()
