@@ -210,6 +210,8 @@ def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dic
     owner = graphs if graphs is not None else streaming
     saved = {"solve": owner.solve, "vocode": owner.vocode}
     pipe.sovits.decode_encp = timed("encoder", pipe.sovits.decode_encp)
+    if graphs is not None:  # the streamed path encodes through the graphs (encoder_graphs.py)
+        graphs.encode = timed("encoder", graphs.encode)
     owner.solve, owner.vocode = timed("cfm", saved["solve"]), timed("vocoder", saved["vocode"])
     try:
         sync(device)
@@ -222,7 +224,7 @@ def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dic
     finally:
         del pipe.sovits.decode_encp
         if graphs is not None:
-            del graphs.solve, graphs.vocode
+            del graphs.solve, graphs.vocode, graphs.encode
         else:
             streaming.solve, streaming.vocode = saved["solve"], saved["vocode"]
     ms = {k: v * 1e3 for k, v in spans.items()}

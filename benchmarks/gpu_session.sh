@@ -51,7 +51,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
     # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
-    e2e) step e2e 320 python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
+    e2e) step e2e 340 python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
     streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
     # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack
@@ -66,6 +66,13 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # the target level (64) and one below it, when a call has no room for every level
     streams64) step streams 170 python3 benchmarks/streams_bench.py --levels 16,64 --duration 8 --drain 8 \
       --budget-s 150 --out "$OUT/streams_h200.json" ;;
+    # the streaming path's SoVITS encoder graphs (encoder_graphs.py) and the GPU tests around them
+    encodertests) step encoder-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_sovits_gpu.py \
+      tests/test_gpt_sovits_serving_gpu.py ;;
+    # block-config sweeps: the one-row GEMV stack's at 1 row, the many-row stack's at 64 rows
+    sweep) step t2s-layer-sweep "${SWEEP_LIMIT:-150}" python3 benchmarks/t2s_layer_bench.py --rows 1,64 \
+      --out "$OUT/t2s_layer_sweep_h200.json" ;;
     batch) step t2s-batch 240 python3 benchmarks/t2s_batch_bench.py --reps 2 --out "$OUT/t2s_batch_h200.json" ;;
     vits) step vits 60 python3 benchmarks/vits_bench.py --device cuda --out "$OUT/vits_h200.json" --audio-dir "$OUT/audio" ;;
   esac
