@@ -28,7 +28,7 @@ from voicehub.models.gpt_sovits.ssl import (
     make_hubert_folder,
     read_weights,
 )
-from voicehub.models.gpt_sovits.weights import assign_strict, check_materialized, rebuild_missing
+from voicehub.models.gpt_sovits.weights import assign_strict, check_materialized, meta_device, rebuild_missing
 
 transformers = pytest.importorskip("transformers")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -207,3 +207,12 @@ def test_hubert_file_without_masked_spec_embed_loads(hubert_folder, tmp_path):
     torch.save(state, folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match=r"missing: feature_projection\.projection\.bias"):
         HubertEncoder.from_folder(folder, "cpu", torch.float16)
+
+
+def test_meta_device_skips_random_init_on_meta_tensors_only():
+    real = torch.zeros(4)
+    with meta_device():
+        layer = torch.nn.Linear(3, 2)
+        torch.nn.init.normal_(real)  # a real tensor is still initialised
+    assert layer.weight.is_meta and layer.weight.shape == (2, 3)
+    assert not torch.equal(real, torch.zeros(4))

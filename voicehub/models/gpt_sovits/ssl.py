@@ -23,7 +23,13 @@ import torch
 from voicehub.errors import CheckpointError, MissingDependencyError, ModelNotFoundError
 from voicehub.models.checkpoints import load_strict, rename_weight_norm
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
-from voicehub.models.gpt_sovits.weights import Builder, assign_strict, rebuild_missing, without_builder
+from voicehub.models.gpt_sovits.weights import (
+    Builder,
+    assign_strict,
+    meta_device,
+    rebuild_missing,
+    without_builder,
+)
 
 HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
 HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
@@ -70,7 +76,7 @@ def load_transformers_model(
     transformers version whose model has a tensor not covered there is built for real and loaded
     as before (the same values, more slowly), and the log says so.
     """
-    with torch.device("meta"):  # no throw-away random init of every weight
+    with meta_device():  # no throw-away random init of every weight
         model = build()
     uncovered = [name for name in without_builder(model, computed) if name not in state]
     if uncovered:
@@ -144,7 +150,7 @@ class HubertEncoder(torch.nn.Module):
         folder = check_hubert_folder(folder)
         transformers = import_transformers()
         config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
-        with torch.device("meta"):  # only its tensor names, for the weight-norm naming
+        with meta_device():  # only its tensor names, for the weight-norm naming
             names = set(transformers.HubertModel(config).state_dict())
         weights = find_weights(folder)
         state = rename_weight_norm(read_weights(weights), names)

@@ -12,14 +12,46 @@ fails the load, so no module leaves it with an uninitialised tensor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from voicehub.models.checkpoints import check_state_dict, fold_weight_norm
 
 # (meta tensor) -> its value on the CPU, in the dtype the constructor gives it.
 Builder = Callable[[torch.Tensor], torch.Tensor]
+
+
+# Random initialisers modules call in their constructors. On a meta tensor they change nothing (it has
+# no values), but torch runs `normal_` on meta through a Python reference that imports torch._dynamo
+# (1-2 s at the first build in a process), so the meta build skips them.
+_INIT = torch.nn.init
+RANDOM_INIT_OPS = frozenset({
+    torch.Tensor.normal_, torch.Tensor.uniform_, _INIT.normal_, _INIT.uniform_, _INIT.trunc_normal_,
+    _INIT.kaiming_uniform_, _INIT.kaiming_normal_, _INIT.xavier_uniform_, _INIT.xavier_normal_,
+})  # fmt: skip
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in RANDOM_INIT_OPS:
+            # torch.nn.init passes its tensor by keyword, a Tensor method as its first argument
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def meta_device() -> Iterator[None]:
+    """Build modules on the meta device (shapes and dtypes only), skipping their random initialisers.
+
+    Thread-local, as `torch.device` is: a build on another thread is not affected."""
+    with torch.device("meta"), _SkipMetaInit():
+        yield
 
 
 def target_dtype(own: torch.Tensor, dtype: torch.dtype) -> torch.dtype:

@@ -19,7 +19,7 @@ from voicehub.errors import CheckpointError
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.sovits.strict import load_weight_normed, weight_norm_layers
-from voicehub.models.gpt_sovits.weights import assign_weight_normed
+from voicehub.models.gpt_sovits.weights import assign_weight_normed, meta_device
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "bigvgan_generator.pt"
@@ -99,7 +99,7 @@ def load_bigvgan(
         raise CheckpointError(
             f"{weights_path} has no 'generator' state dict; it is not a BigVGAN generator file"
         )
-    with torch.device("meta"):  # no throw-away random init: every value, the filters too, is in the file
+    with meta_device():  # no throw-away random init: every value, the filters too, is in the file
         model = BigVGAN(conf)
     assign_weight_normed(
         model, ckpt["generator"], str(weights_path), device=torch.device(device), dtype=dtype

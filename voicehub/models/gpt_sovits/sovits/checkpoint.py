@@ -27,7 +27,7 @@ from voicehub.models.gpt_sovits.cfm.dit import sinusoid_table
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
-from voicehub.models.gpt_sovits.weights import assign_weight_normed, rebuild_missing
+from voicehub.models.gpt_sovits.weights import assign_weight_normed, meta_device, rebuild_missing
 
 HEADER_VERSIONS = {  # first two bytes -> (model version, is LoRA)
     b"00": ("v1", False),
@@ -146,7 +146,7 @@ def build_sovits(
         raise CheckpointError(f"{f.path} is a LoRA checkpoint; load it with its base s2Gv3.pth")
     shapes = {k: tuple(t.shape) for k, t in f.weight.items()}
     arch = SoVITSV3Arch.from_checkpoint(f.config, shapes, str(f.path))
-    with torch.device("meta"):  # no throw-away random init: every value comes from the file
+    with meta_device():  # no throw-away random init: every value comes from the file
         model = SynthesizerV3(arch)
     device = torch.device(device)
     assign_weight_normed(model, f.weight, str(f.path), device=device, dtype=dtype)

@@ -18,6 +18,7 @@ from voicehub.errors import CheckpointError, ModelNotFoundError
 from voicehub.models.checkpoints import check_state_dict
 from voicehub.models.gpt_sovits.t2s.config import V2_PHONEME_VOCAB, T2SConfig
 from voicehub.models.gpt_sovits.t2s.model import T2SModel, checkpoint_state_dict
+from voicehub.models.gpt_sovits.weights import meta_device
 from voicehub.runtime.device import resolve_device, resolve_dtype
 
 STATE_PREFIX = "model."
@@ -48,7 +49,8 @@ def _load_torch_file(path: Path) -> Any:
         head = f.read(4)
     if head[:2] in SOVITS_HEADERS and head[2:4] == b"\x03\x04":
         raise _not_gpt_sovits(path, f"version header {head[:2]!r} = {SOVITS_HEADERS[head[:2]]}")
-    if zipfile.is_zipfile(path):
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except Exception as exc:  # a damaged zip: say so rather than guess
@@ -62,7 +64,8 @@ def _load_torch_file(path: Path) -> Any:
                 "training checkpoint from logs_s1/ckpt, use the exported GPT_weights_v3/<name>-e<N>.ckpt instead"
             )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        # mmap (zip files only): each tensor is read once, by its cast on the way to the device
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
         raise CheckpointError(
             f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {exc})"
@@ -113,11 +116,12 @@ def load_t2s(
             f"{path}: GPT checkpoint has {config.phoneme_vocab_size} phoneme symbols, VoiceHub's v3 frontend "
             f"needs {phoneme_vocab_size} (512 means a GPT-SoVITS v1 model, which is not supported)"
         )
-    with torch.device("meta"):  # no throw-away random init of 77 M parameters
+    with meta_device():  # no throw-away random init of 77 M parameters
         model = T2SModel(config)
     expected = {k: tuple(v.shape) for k, v in checkpoint_state_dict(model).items()}
     check_state_dict(expected, weight, path, model="the T2S architecture in its config")
-    state = {k[len(STATE_PREFIX) :]: v.to(device=dev, dtype=dt) for k, v in weight.items()}
+    # copy: a memory-mapped file's pages are never shared with the model
+    state = {k[len(STATE_PREFIX) :]: v.to(device=dev, dtype=dt, copy=True) for k, v in weight.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.reset_buffers(dev, dt)
     return model.eval().requires_grad_(False), config
