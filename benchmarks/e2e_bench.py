@@ -69,6 +69,7 @@ PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs awa
 # graph presets; triton = full + Triton kernels, triton_minimal = minimal + Triton kernels
 PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
 TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
+KINDS = ("cold", "warm", "warm_shared")  # startup children: see `startup`
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
 
 
@@ -324,13 +325,16 @@ def child(args) -> None:
 
 
 def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
-    """Process start to first audio in fresh interpreters: empty kernel caches (cold), then the same caches (warm)."""
+    """Process start to first audio in fresh interpreters: empty kernel caches (cold), then the same caches
+    (warm); with --startup-kinds warm_shared only, one child on this process's own on-disk caches, which
+    the in-process profiles before it filled (warm without a cold run first)."""
     caches = Path(tempfile.mkdtemp(prefix="e2e_caches_"))
-    env = dict(os.environ, **{var: str(caches / var.lower()) for var in CACHE_VARS})
+    shared = args.startup_kinds == ("warm_shared",)
+    env = dict(os.environ) if shared else dict(os.environ, **{v: str(caches / v.lower()) for v in CACHE_VARS})
     cmd = [sys.executable, __file__, "--child", profile, "--set-dir", str(set_dir), "--reference", str(reference),
            "--device", args.device, "--dtype", args.dtype, "--windows", args.windows_arg]  # fmt: skip
-    result: dict = {"profile": profile, "caches": {v: env[v] for v in CACHE_VARS}}
-    for kind in ("cold", "warm"):
+    result: dict = {"profile": profile, "caches": {v: env.get(v, "default") for v in CACHE_VARS}}
+    for kind in args.startup_kinds:
         try:
             t0 = time.time()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout)
@@ -450,7 +454,8 @@ def table(result: dict) -> str:
     ]
     for row in result["profiles"]:
         lines += profile_lines(row)
-    for st, kind in ((st, kind) for st in result.get("startups") or () for kind in ("cold", "warm")):
+    runs = [(start, kind) for start in result.get("startups") or () for kind in start if kind in KINDS]
+    for st, kind in runs:
         row = st.get(kind) or {}
         value = row.get("process_start_to_first_audio_s")
         parts = " ".join(f"{k} {v:.2f}" for k, v in (row.get("breakdown_s") or {}).items())
@@ -478,6 +483,8 @@ def main() -> None:
                    help="stream_chunk_tokens values to time, comma list (the first number: the first requests "
                         "and the subprocess); none: one chunk per sentence")  # fmt: skip
     p.add_argument("--skip-startup", action="store_true")
+    p.add_argument("--startup-kinds", default="cold,warm", help="cold,warm (own empty caches, then them) or "
+                   "warm_shared (one child on this process's caches, filled by the profiles before it)")  # fmt: skip
     p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
     p.add_argument("--child-timeout", type=float, default=120.0)
     p.add_argument("--out", type=Path)
@@ -487,6 +494,11 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     args.dtype = args.dtype or ("float16" if cuda else "float32")
     args.windows = [None if w == "none" else int(w) for w in args.windows_arg.split(",")]
+    args.startup_kinds = tuple(args.startup_kinds.split(","))
+    if not set(args.startup_kinds) <= set(KINDS) or (
+        "warm_shared" in args.startup_kinds and len(args.startup_kinds) > 1
+    ):
+        raise SystemExit(f"--startup-kinds: cold,warm or warm_shared, got {','.join(args.startup_kinds)}")
     args.stream_window = next((w for w in args.windows if w is not None), None)
     if args.child:
         child(args)
