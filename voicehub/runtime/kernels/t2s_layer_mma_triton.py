@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
-from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch
+from voicehub.runtime.kernels.t2s_layer_triton import _attend_block, _await_previous, _launch, _merge_blocks
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 
@@ -218,36 +218,40 @@ def _attention_kernel(
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
-    slots = split * BLOCK_S + tl.arange(0, BLOCK_S)
-    dims = tl.arange(0, DH)
-    dmask = dims < HEAD_DIM
-    live = slots < n
-    kv_mask = live[:, None] & dmask[None, :]
-    b64 = b.to(tl.int64)
-    q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + b64 * skb + h * skh + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + b64 * svb + h * svh + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
-    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-    m = tl.max(s, axis=0)
-    p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m))  # 0 for dead slots, no NaN when all are
-    base = (b * N_HEAD + h) * SPLITS
-    tl.store(part_ptr + (base + split) * DH + dims, tl.sum(p[:, None] * v.to(tl.float32), axis=0))
-    tl.store(m_ptr + base + split, m)
-    tl.store(l_ptr + base + split, tl.sum(p, axis=0))
-    tl.debug_barrier()  # every thread's partial is written before the counter says so
-    if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-        # the last block of this (row, head) merges all blocks in a fixed order and shape (SPLITS
-        # does not depend on the bucket; blocks past the length hold m = -inf and weigh exactly 0)
-        idx = tl.arange(0, SPLITS)
-        have = idx < n_splits
-        ms = tl.load(m_ptr + base + idx, mask=have, other=float("-inf"), volatile=True)
-        ls = tl.load(l_ptr + base + idx, mask=have, other=0.0, volatile=True)
-        accs = tl.load(part_ptr + (base + idx)[:, None] * DH + dims[None, :], mask=have[:, None], other=0.0,
-                       volatile=True)  # fmt: skip
-        weight = tl.exp(ms - tl.max(ms, axis=0))  # slot 0 is live in block 0: the max is finite
-        a = tl.sum(weight[:, None] * accs, axis=0) / tl.sum(weight * ls, axis=0)
-        tl.store(attn_ptr + b * dim + h * HEAD_DIM + dims, a.to(attn_ptr.dtype.element_ty), mask=dmask)
+    # the blocks and their merge as in `t2s_layer_triton`; the head's values go out rounded to the dtype
+    if _attend_block(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        len_ptr,
+        m_ptr,
+        l_ptr,
+        part_ptr,
+        count_ptr,
+        b,
+        h,
+        split,
+        n_slots,
+        n_splits,
+        dim,
+        scale,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        N_HEAD,
+        HEAD_DIM,
+        DH,
+        BLOCK_S,
+        SPLITS,
+    ):
+        dims = tl.arange(0, DH)
+        a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
+        tl.store(
+            attn_ptr + b * dim + h * HEAD_DIM + dims, a.to(attn_ptr.dtype.element_ty), mask=dims < HEAD_DIM
+        )
 
 
 @triton.jit

@@ -171,20 +171,14 @@ def _qkv_kernel(
 
 
 @triton.jit
-def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, wo_ptr, acc_attn_ptr, acc_ffn_ptr,
+def _attend_block(
+    q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
-    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
-    _await_previous(PDL)  # nothing of this kernel's own to read first (W_o only in the merging program)
-    split = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    dtype = q_ptr.dtype.element_ty
-    rows = tl.arange(0, BLOCK_D)
-    if split + h == 0:  # kernel 3 adds into it next
-        tl.store(acc_ffn_ptr + b * dim + rows, tl.zeros([BLOCK_D], tl.int64), mask=rows < dim)
+    # One block of row b's cached slots (only those below its length) for head h: the block's softmax
+    # partials (max m, sum l, p-weighted values) to the scratch. True in the program that finishes the
+    # (row, head) last, which then merges every block (`_merge_blocks`).
     n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
     slots = split * BLOCK_S + tl.arange(0, BLOCK_S)
     dims = tl.arange(0, DH)
@@ -203,19 +197,74 @@ def _attention_kernel(
     tl.store(m_ptr + base + split, m)
     tl.store(l_ptr + base + split, tl.sum(p, axis=0))
     tl.debug_barrier()  # every thread's partial is written before the counter says so
-    if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-        # the last block of this (row, head): merge all blocks in a fixed order and shape (SPLITS
-        # does not depend on the bucket; blocks past the length hold m = -inf and weigh 0)
-        wo_mask = (rows < dim)[:, None] & dmask[None, :]
+    return tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1
+
+
+@triton.jit
+def _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD: tl.constexpr, DH: tl.constexpr,
+                  SPLITS: tl.constexpr):  # fmt: skip
+    # Row b's attention output for head h, [DH] float32: every block's partials merged in a fixed order
+    # and shape (SPLITS does not depend on the bucket; blocks past the length hold m = -inf and weigh 0)
+    base = (b * N_HEAD + h) * SPLITS
+    dims = tl.arange(0, DH)
+    idx = tl.arange(0, SPLITS)
+    have = idx < n_splits
+    ms = tl.load(m_ptr + base + idx, mask=have, other=float("-inf"), volatile=True)
+    ls = tl.load(l_ptr + base + idx, mask=have, other=0.0, volatile=True)
+    accs = tl.load(part_ptr + (base + idx)[:, None] * DH + dims[None, :], mask=have[:, None], other=0.0,
+                   volatile=True)  # fmt: skip
+    weight = tl.exp(ms - tl.max(ms, axis=0))  # slot 0 is live in block 0: the max is finite
+    return tl.sum(weight[:, None] * accs, axis=0) / tl.sum(weight * ls, axis=0)
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, wo_ptr, acc_attn_ptr, acc_ffn_ptr,
+    n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    _await_previous(PDL)  # nothing of this kernel's own to read first (W_o only in the merging program)
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    dtype = q_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_D)
+    if split + h == 0:  # kernel 3 adds into it next
+        tl.store(acc_ffn_ptr + b * dim + rows, tl.zeros([BLOCK_D], tl.int64), mask=rows < dim)
+    if _attend_block(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        len_ptr,
+        m_ptr,
+        l_ptr,
+        part_ptr,
+        count_ptr,
+        b,
+        h,
+        split,
+        n_slots,
+        n_splits,
+        dim,
+        scale,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        N_HEAD,
+        HEAD_DIM,
+        DH,
+        BLOCK_S,
+        SPLITS,
+    ):
+        # the last block of this (row, head): the merge, then its head's share of the out-projection
+        dims = tl.arange(0, DH)
+        wo_mask = (rows < dim)[:, None] & (dims < HEAD_DIM)[None, :]
         wo = tl.load(wo_ptr + rows[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=wo_mask, other=0.0)
-        idx = tl.arange(0, SPLITS)
-        have = idx < n_splits
-        ms = tl.load(m_ptr + base + idx, mask=have, other=float("-inf"), volatile=True)
-        ls = tl.load(l_ptr + base + idx, mask=have, other=0.0, volatile=True)
-        accs = tl.load(part_ptr + (base + idx)[:, None] * DH + dims[None, :], mask=have[:, None], other=0.0,
-                       volatile=True)  # fmt: skip
-        weight = tl.exp(ms - tl.max(ms, axis=0))  # slot 0 is live in block 0: the max is finite
-        a = (tl.sum(weight[:, None] * accs, axis=0) / tl.sum(weight * ls, axis=0)).to(dtype).to(tl.float32)
+        a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype).to(tl.float32)
         out = tl.sum(wo.to(tl.float32) * a[None, :], axis=1)
         tl.atomic_add(
             acc_attn_ptr + b * dim + rows, (out * _FIXED).to(tl.int64), mask=rows < dim, sem="relaxed"
