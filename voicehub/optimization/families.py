@@ -103,9 +103,10 @@ GPT_SOVITS_V3 = FamilyCapabilities(
             Feature.KERNELS,
             "triton",
             TechniqueKind.EXACT,
-            "Triton kernels: fused anti-aliased Snake (BigVGAN); the fused T2S decode step (three "
-            "kernels a layer: QKV + KV append, attention over true lengths + out-projection, FFN; "
-            "CUDA-graph decoder)",
+            "Triton kernels: fused anti-aliased Snake (BigVGAN); the fused T2S decode step of the "
+            "CUDA-graph decoder (one stream: three kernels a layer, QKV + KV append, attention over "
+            "true lengths + out-projection, FFN; batched streams: tensor-core tiles over rows) and "
+            "its sampler",
             devices=CUDA_ONLY,
             distribution="triton",
         ),
@@ -115,7 +116,10 @@ GPT_SOVITS_V3 = FamilyCapabilities(
             TechniqueKind.EXACT,
             "portable PyTorch versions of the fused ops (BigVGAN anti-aliased Snake, polyphase)",
         ),
-        replace(_COMPILE, summary="torch.compile of the CFM's DiT estimator and of BigVGAN"),
+        replace(
+            _COMPILE,
+            summary="torch.compile of the CFM DiT's transformer blocks (one compiled block serves all)",
+        ),
         Technique(
             Feature.DIFFUSION_SAMPLING,
             "cfm_short_schedule",
