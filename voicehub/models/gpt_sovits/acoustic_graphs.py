@@ -36,7 +36,6 @@ kernel) is part of the graphs' identity: when an optimization changes it, the gr
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
 from voicehub.models.gpt_sovits.encoder_graphs import PHONE_BUCKET, EncoderGraphs, encoder_key, forwards_of
 from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
-from voicehub.models.gpt_sovits.sovits.model import CONTENT_TO_MEL, SynthesizerV3
+from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
 from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
@@ -75,10 +74,8 @@ def cfm_frame_buckets(step: int = CFM_FRAME_BUCKET, largest: int = T_CHUNK) -> t
 
 
 def feature_frames(n_tokens: int, speed: float) -> int:
-    """Frames `SynthesizerV3.decode_encp` makes from n_tokens semantic tokens at `speed`: 2 content frames
-    a token (resampled to int(2n / speed) + 1 when speed != 1), times CONTENT_TO_MEL, rounded down."""
-    content = 2 * n_tokens if speed == 1 else int(2 * n_tokens / speed) + 1
-    return math.floor(content * CONTENT_TO_MEL)
+    """Frames `SynthesizerV3.decode_encp` makes from n_tokens semantic tokens at `speed` (`encp_lengths`)."""
+    return encp_lengths(n_tokens, speed)[1]
 
 
 def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_windows: int) -> list[int]:
@@ -262,10 +259,11 @@ class VocoderGraphs:
     def capture(self, n_frames: int) -> None:
         """Capture the window length `n_frames` now unless it is captured or refused (see `replayable`)."""
         key = (1, n_frames)
-        if self.replayable(n_frames) and key not in self._keys:
+        runner = self.current_runner()  # drops the graphs if what the vocoder runs changed
+        if self._fits(n_frames) and key not in self._keys:
             self._input_of(key)  # allocated outside the capture, as every static input
             self._keys.add(key)
-            self.current_runner().run(key)
+            runner.run(key)
 
     def _step(self, key: tuple[int, int]) -> torch.Tensor:
         return self.vocoder(self._input_of(key))[:, 0]  # [rows, frames * hop]
@@ -280,8 +278,12 @@ class VocoderGraphs:
 
     def replayable(self, n_frames: int) -> bool:
         """Whether a window of n_frames replays a graph (captured, or there is room to capture it)."""
-        key = (1, n_frames)
         self.current_runner()  # drops the graphs if what the vocoder runs changed
+        return self._fits(n_frames)
+
+    def _fits(self, n_frames: int) -> bool:
+        # `replayable` for the graphs as they are now (the caller has checked what the vocoder runs)
+        key = (1, n_frames)
         if key in self._keys or (n_frames <= self.max_frames and len(self._keys) < self.max_graphs):
             return True
         if key not in self._refused:
@@ -295,10 +297,10 @@ class VocoderGraphs:
     def vocode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [1, num_mels, n] denormalised -> audio [1, n * hop] (a copy), as `bigvgan.vocode`."""
         n = mel.shape[2]
-        if not self.replayable(n):
+        runner = self.current_runner()  # one walk of the vocoder a window
+        if not self._fits(n):
             return vocode(self.vocoder, mel)
         key = (1, n)
-        runner = self.current_runner()
         self._input_of(key).copy_(mel)  # cast to the vocoder's dtype, as vocode() does
         self._keys.add(key)
         return runner.run(key).clone()

@@ -159,10 +159,11 @@ class EncoderGraphs:
     def encode(self, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float) -> torch.Tensor:
         """`decode_encp(codes [1, 1, n], text [1, P], ge [1, gin, 1], speed)` -> [1, inter2, L] (a copy),
         from the graph of the padded shape, or eagerly where the shape is out of range."""
+        assert codes.shape[:2] == (1, 1), "one row of one codebook, as the streaming path encodes"
         n_tokens, n_phones = codes.shape[2], text.shape[1]
         key = encoder_key(n_tokens, n_phones, speed)
         runner = self.runner(key[2])  # the identity check walks the modules: once per call
-        if codes.shape[:2] != (1, 1) or not self.replayable(key):
+        if not self.replayable(key):
             return self.model.decode_encp(codes, text, ge, speed)
         s = self._slots_of(key)
         s.codes.zero_()
