@@ -188,9 +188,8 @@ def _qkv_kernel(
         x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, pid == 0, rows, rmask, outs, 3 * dim,
         dim, eps, FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
     )  # fmt: skip
-    if (
-        pid == 0
-    ):  # the counters the attention kernel adds to start at 0 (after the wait: the last one read them)
+    # the counters the attention kernel adds to start at 0 (after the wait: the last one read them)
+    if pid == 0:
         heads = tl.arange(0, HEADS)
         tl.store(count_ptr + rows[:, None] * N_HEAD + heads[None, :], tl.zeros([BLOCK_M, HEADS], tl.int32),
                  mask=rmask[:, None] & (heads < N_HEAD)[None, :])  # fmt: skip
@@ -219,34 +218,10 @@ def _attention_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     # the blocks and their merge as in `t2s_layer_triton`; the head's values go out rounded to the dtype
-    if _attend_block(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        len_ptr,
-        m_ptr,
-        l_ptr,
-        part_ptr,
-        count_ptr,
-        b,
-        h,
-        split,
-        n_slots,
-        n_splits,
-        dim,
-        scale,
-        skb,
-        skh,
-        sks,
-        svb,
-        svh,
-        svs,
-        N_HEAD,
-        HEAD_DIM,
-        DH,
-        BLOCK_S,
-        SPLITS,
-    ):
+    last = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_slots,
+                         n_splits, dim, scale, skb, skh, sks, svb, svh, svs, N_HEAD, HEAD_DIM, DH, BLOCK_S,
+                         SPLITS)  # fmt: skip
+    if last:
         dims = tl.arange(0, DH)
         a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
         tl.store(

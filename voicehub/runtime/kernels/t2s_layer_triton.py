@@ -232,34 +232,10 @@ def _attention_kernel(
     rows = tl.arange(0, BLOCK_D)
     if split + h == 0:  # kernel 3 adds into it next
         tl.store(acc_ffn_ptr + b * dim + rows, tl.zeros([BLOCK_D], tl.int64), mask=rows < dim)
-    if _attend_block(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        len_ptr,
-        m_ptr,
-        l_ptr,
-        part_ptr,
-        count_ptr,
-        b,
-        h,
-        split,
-        n_slots,
-        n_splits,
-        dim,
-        scale,
-        skb,
-        skh,
-        sks,
-        svb,
-        svh,
-        svs,
-        N_HEAD,
-        HEAD_DIM,
-        DH,
-        BLOCK_S,
-        SPLITS,
-    ):
+    last = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_slots,
+                         n_splits, dim, scale, skb, skh, sks, svb, svh, svs, N_HEAD, HEAD_DIM, DH, BLOCK_S,
+                         SPLITS)  # fmt: skip
+    if last:
         # the last block of this (row, head): the merge, then its head's share of the out-projection
         dims = tl.arange(0, DH)
         wo_mask = (rows < dim)[:, None] & (dims < HEAD_DIM)[None, :]
