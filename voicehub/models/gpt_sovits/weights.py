@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 from torch.overrides import TorchFunctionMode
 
-from voicehub.models.checkpoints import check_state_dict, fold_weight_norm
+from voicehub.models.checkpoints import check_state_dict
 
 # (meta tensor) -> its value on the CPU, in the dtype the constructor gives it.
 Builder = Callable[[torch.Tensor], torch.Tensor]
@@ -83,25 +83,6 @@ def assign_strict(
         for name, value in state.items()
     }
     module.load_state_dict(values, strict=False, assign=True)  # strictness checked above
-
-
-def assign_weight_normed(
-    module: torch.nn.Module,
-    tensors: Mapping[str, torch.Tensor],
-    source: str,
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> None:
-    """`strict.load_weight_normed` for a module built on meta: check the file's own names (either
-    weight-norm layout), fold each pair in float32, and assign every tensor cast once to `dtype`."""
-    # Imported here: the sovits package imports this module (its loader), and ssl/bert, which files.py
-    # imports, do too.
-    from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
-
-    has_g = any(k.endswith(".weight_g") for k in tensors)
-    check_state_dict(file_layout(module, weight_normed=has_g), tensors, source, hint=SLOT_HINT)
-    assign_strict(module, fold_weight_norm(tensors), source, device=device, dtype=dtype, hint=SLOT_HINT)
 
 
 def _on_meta(module: torch.nn.Module):

@@ -19,7 +19,7 @@ from voicehub.errors import CheckpointError
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.sovits.strict import load_weight_normed, weight_norm_layers
-from voicehub.models.gpt_sovits.weights import assign_weight_normed, meta_device
+from voicehub.models.gpt_sovits.weights import meta_device
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "bigvgan_generator.pt"
@@ -101,9 +101,7 @@ def load_bigvgan(
         )
     with meta_device():  # no throw-away random init: every value, the filters too, is in the file
         model = BigVGAN(conf)
-    assign_weight_normed(
-        model, ckpt["generator"], str(weights_path), device=torch.device(device), dtype=dtype
-    )
+    load_weight_normed(model, ckpt["generator"], str(weights_path), device=torch.device(device), dtype=dtype)
     return model.eval()
 
 

@@ -26,8 +26,8 @@ from voicehub.models.checkpoints import check_state_dict, fold_weight_norm
 from voicehub.models.gpt_sovits.cfm.dit import sinusoid_table
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
-from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout
-from voicehub.models.gpt_sovits.weights import assign_weight_normed, meta_device, rebuild_missing
+from voicehub.models.gpt_sovits.sovits.strict import SLOT_HINT, file_layout, load_weight_normed
+from voicehub.models.gpt_sovits.weights import meta_device, rebuild_missing
 
 HEADER_VERSIONS = {  # first two bytes -> (model version, is LoRA)
     b"00": ("v1", False),
@@ -149,7 +149,7 @@ def build_sovits(
     with meta_device():  # no throw-away random init: every value comes from the file
         model = SynthesizerV3(arch)
     device = torch.device(device)
-    assign_weight_normed(model, f.weight, str(f.path), device=device, dtype=dtype)
+    load_weight_normed(model, f.weight, str(f.path), device=device, dtype=dtype)
     rebuild_missing(model, COMPUTED_BUFFERS, device, dtype)
     return model.eval()
 

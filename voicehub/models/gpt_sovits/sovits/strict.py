@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from voicehub.models.checkpoints import check_state_dict, fold_weight_norm, load_strict
+from voicehub.models.gpt_sovits.weights import assign_strict
 
 SLOT_HINT = "Is this the right file for this slot?"
 
@@ -48,11 +49,24 @@ def file_layout(model: nn.Module, weight_normed: bool = True) -> dict[str, tuple
     return layout
 
 
-def load_weight_normed(model: nn.Module, tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    """Check `tensors` against `model`'s file layout (either weight-norm layout), fold, and copy them in.
+def load_weight_normed(
+    model: nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    source: str,
+    *,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Check `tensors` against `model`'s file layout (either weight-norm layout), fold each pair in
+    float32, and copy them in; with `device` (a model built on meta) assign each tensor cast once to
+    `dtype` instead (`weights.assign_strict`).
 
     The check names the file's own tensors (`weight_g`/`weight_v`), before anything is folded.
     """
     has_g = any(k.endswith(".weight_g") for k in tensors)
     check_state_dict(file_layout(model, weight_normed=has_g), tensors, source, hint=SLOT_HINT)
-    load_strict(model, fold_weight_norm(tensors), source, hint=SLOT_HINT)
+    folded = fold_weight_norm(tensors)
+    if device is None:
+        load_strict(model, folded, source, hint=SLOT_HINT)
+    else:
+        assign_strict(model, folded, source, device=device, dtype=dtype, hint=SLOT_HINT)
