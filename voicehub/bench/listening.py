@@ -30,7 +30,7 @@ CHOICES = ("A", "B", "same")
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;max-width:46em;margin:2em}} .pair{{border:1px solid #ccc;
+<style>body{{font-family:sans-serif;max-width:46em;margin:2em auto}} .pair{{border:1px solid #ccc;
 padding:.8em;margin:.8em 0}} audio{{vertical-align:middle}} .text{{color:#555}}</style></head>
 <body><h1>{title}</h1>
 <p>For each pair, listen to A and B and choose the one that sounds better, or "no difference".
