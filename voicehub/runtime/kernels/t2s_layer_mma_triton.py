@@ -32,7 +32,13 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
-from voicehub.runtime.kernels.t2s_layer_triton import _attend_block, _await_previous, _launch, _merge_blocks
+from voicehub.runtime.kernels.t2s_layer_triton import (
+    _attend_block,
+    _await_previous,
+    _launch,
+    _merge_blocks,
+    attention_scratch,
+)
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 
@@ -319,18 +325,12 @@ class Scratch:
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
-        n_head, (_, dim) = weights.n_head, weights.head_weight.shape
+        dim, dtype, dev = weights.head_weight.shape[1], weights.head_weight.dtype, weights.head_weight.device
         ffn_dim = weights.layers[0].ffn1_weight.shape[0]
-        dtype, dev = weights.head_weight.dtype, weights.head_weight.device
-        splits = triton.next_power_of_2(triton.cdiv(max_slots, cfg.attn_block))
-        n_part = n_rows * n_head * splits
         xs = torch.empty(4, n_rows, dim, device=dev, dtype=dtype)
         outs = torch.empty(2, n_rows, dim, device=dev, dtype=torch.float32)
         h = torch.empty(n_rows, ffn_dim, device=dev, dtype=dtype)
-        count = torch.empty(n_rows, n_head, device=dev, dtype=torch.int32)
-        stats = torch.empty(2, n_part, device=dev, dtype=torch.float32)
-        part = torch.empty(n_part, triton.next_power_of_2(dim // n_head), device=dev, dtype=torch.float32)
-        return cls(*xs, *outs, h, count, stats[0], stats[1], part, splits)
+        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, cfg.attn_block))
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:

@@ -319,19 +319,29 @@ class Scratch:
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: StackConfig) -> Scratch:
         """Buffers for n_rows rows of a stack of `weights` (their dim, head count, dtype, device)."""
-        n_head, dim = weights.n_head, weights.head_weight.shape[1]
-        dtype, dev = weights.head_weight.dtype, weights.head_weight.device
-        splits = triton.next_power_of_2(triton.cdiv(max_slots, cfg.attn_block))
-        n_part = n_rows * n_head * splits
+        dim, dtype, dev = weights.head_weight.shape[1], weights.head_weight.dtype, weights.head_weight.device
 
         def like_x() -> torch.Tensor:
             return torch.empty(n_rows, dim, device=dev, dtype=dtype)
 
         acc = torch.empty(2, n_rows, dim, device=dev, dtype=torch.int64)
-        count = torch.empty(n_rows, n_head, device=dev, dtype=torch.int32)
-        stats = torch.empty(2, n_part, device=dev, dtype=torch.float32)
-        part = torch.empty(n_part, triton.next_power_of_2(dim // n_head), device=dev, dtype=torch.float32)
-        return cls(like_x(), like_x(), like_x(), acc[0], acc[1], count, stats[0], stats[1], part, splits)
+        attn = attention_scratch(n_rows, weights, max_slots, cfg.attn_block)
+        return cls(like_x(), like_x(), like_x(), acc[0], acc[1], *attn)
+
+
+def attention_scratch(
+    n_rows: int, weights: StackWeights, max_slots: int, attn_block: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """What `_attend_block` and `_merge_blocks` hand each other: count [B, H] int32, m, l [B * H * splits]
+    and part [B * H * splits, DH] float32, and splits (the blocks of the whole cache: the merge's shape)."""
+    n_head, dim = weights.n_head, weights.head_weight.shape[1]
+    dev = weights.head_weight.device
+    splits = triton.next_power_of_2(triton.cdiv(max_slots, attn_block))
+    n_part = n_rows * n_head * splits
+    count = torch.empty(n_rows, n_head, device=dev, dtype=torch.int32)
+    stats = torch.empty(2, n_part, device=dev, dtype=torch.float32)
+    part = torch.empty(n_part, triton.next_power_of_2(dim // n_head), device=dev, dtype=torch.float32)
+    return count, stats[0], stats[1], part, splits
 
 
 @functools.cache
