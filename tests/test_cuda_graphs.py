@@ -2,12 +2,23 @@ import pytest
 import torch
 
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
+from voicehub.runtime.graph_presets import resolve_graph_preset
 
 
 def test_unknown_preset_lists_valid_ones():
     with pytest.raises(ValueError, match="full, minimal, lazy, off"):
         parse_graph_preset("always")
     assert parse_graph_preset("lazy") is GraphPreset.LAZY
+
+
+def test_a_load_naming_no_preset_gets_minimal_on_cuda_and_off_elsewhere():
+    assert resolve_graph_preset(None, "cuda") is GraphPreset.MINIMAL
+    assert resolve_graph_preset("auto", "cuda") is GraphPreset.MINIMAL
+    assert resolve_graph_preset(None, "cpu") is GraphPreset.OFF
+    assert resolve_graph_preset("auto", "mps") is GraphPreset.OFF
+    assert resolve_graph_preset("full", "cuda") is GraphPreset.FULL  # a named preset is kept
+    with pytest.raises(ValueError, match="minimal"):
+        resolve_graph_preset("fastest", "cuda")
 
 
 def test_off_calls_the_step_eagerly_and_capture_presets_need_cuda():

@@ -55,7 +55,7 @@ def test_engine_sizes_come_from_the_checkpoint_cap():
 
 
 def test_cpu_and_preset_off_keep_the_eager_reference(tiny_set, reference_wav):  # noqa: F811
-    model = load(tiny_set)
+    model = load(tiny_set)  # no preset named: 'auto', which is 'off' on the CPU
     assert model.pipeline.t2s_decoder is None
     assert model.describe()["cuda_graph_preset"] == "off"
     assert model.describe()["t2s_decode"] == {"path": "eager", "reason": "no CUDA graphs on cpu"}

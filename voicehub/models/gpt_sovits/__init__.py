@@ -15,7 +15,7 @@ from voicehub.models.gpt_sovits.files import ModelFiles, detect, find_model_file
 from voicehub.models.gpt_sovits.model import MODEL_TYPE, GptSovitsModel
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.reference import Voice
-from voicehub.runtime.cuda_graphs import GraphPreset, parse_graph_preset
+from voicehub.runtime.graph_presets import GraphPreset, resolve_graph_preset
 
 __all__ = ["FAMILY", "GptSovitsModel", "GptSovitsParams", "ModelFiles", "Voice", "load"]
 
@@ -42,7 +42,8 @@ def load(
 
     path: a directory with one GPT `.ckpt`, one SoVITS `.pth` and `pretrained_models/` (or a GPT
     `.ckpt` file); kwargs: gpt_path, sovits_path, pretrained_dir (override the directory's),
-    cuda_graph_preset ('off' on the CPU; full/minimal/lazy are the GPU runner's), g2pw_model_dir
+    cuda_graph_preset (full/minimal/lazy capture CUDA graphs, off decodes eagerly; the default, 'auto',
+    is 'minimal' on CUDA and 'off' elsewhere), g2pw_model_dir
     (upstream's GPT_SoVITS/text/G2PWModel for Chinese polyphones; pypinyin without it),
     voice_registry (a VoiceRegistry, so `voice="name"` works), reference_cache (a ReferenceCache to share),
     default_voice (a Voice, registry name, or {ref_audio_path, prompt_text, prompt_language}: the voice
@@ -61,7 +62,7 @@ def load(
         )
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, torch.float16 if dev.type == "cuda" else torch.float32)
-    preset = parse_graph_preset(kwargs.get("cuda_graph_preset", GraphPreset.OFF))
+    preset = resolve_graph_preset(kwargs.get("cuda_graph_preset"), dev.type)
     if preset is not GraphPreset.OFF and dev.type != "cuda":
         raise ValueError(f"cuda_graph_preset={preset.value!r} needs a CUDA device; use 'off' on {dev}")
     files = find_model_files(

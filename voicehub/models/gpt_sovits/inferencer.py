@@ -30,7 +30,8 @@ class TTSInferencer:
     """Loads one GPT-SoVITS v3 model; `infer_stream` speaks a text in a reference voice, chunk by chunk.
 
     pretrained_dir: upstream's GPT_SoVITS/pretrained_models (defaults to `pretrained_models/`
-    beside the GPT checkpoint). cuda_graph_preset: full, minimal, lazy or off (off on the CPU).
+    beside the GPT checkpoint). cuda_graph_preset: full, minimal, lazy or off; the default ('auto') is
+    minimal on CUDA and off elsewhere.
     dtype: float16 on CUDA, float32 on the CPU by default.
     """
 
@@ -40,7 +41,7 @@ class TTSInferencer:
         gpt_path: str | Path | None = None,
         sovits_path: str | Path | None = None,
         pretrained_dir: str | Path | None = None,
-        cuda_graph_preset: str = "off",
+        cuda_graph_preset: str = "auto",
         dtype: Any = None,
         **load_options: Any,
     ):
