@@ -240,3 +240,37 @@ def test_decode_iter_on_graphs_fp16_gives_decode_results(ckpt, preset):
     eos_model = eos_likely(model)
     decoders = {id(m): T2SGraphDecoder(m, ENGINE, preset=preset) for m in (model, eos_model)}
     check_iter_against_decode(model, eos_model, config, lambda m: decoders[id(m)], eager_rows="none")
+
+
+@pytest.mark.parametrize("window", [5, 25])
+def test_decode_iter_with_a_window_yields_each_window_once_drawn(ckpt, window):
+    # With a window the items end at its multiples (not at the next stop check): the first carries exactly
+    # the window's tokens after window - 1 steps (the prefill's sample drew the first), and the stream and
+    # result are decode()'s, whatever the stop (EOS, cap, forced) and wherever it falls.
+    model, config = load_t2s(ckpt, dtype="float32")
+    eos_model = eos_likely(model)
+    for i, (params, _) in enumerate(ITER_CASES):
+        if i in (2, 3):
+            continue  # forced and capped stops are covered by cases 0 and 1
+        decoder = _StepCounter(eos_model if params.max_new_tokens == 100 else model, ENGINE)
+        req = T2SRequest(*random_prompt(config, 14 + i % 5, 17, i), params)
+        items = decode_iter(decoder, req, window=window)
+        first = next(items)
+        n_steps_at_first = decoder.n_steps
+        items = [first, *items]
+        result = items[-1].result
+        (whole,) = decoder.decode([req])
+        assert result is not None and (result.tokens.tolist(), result.stop_reason) == (
+            whole.tokens.tolist(),
+            whole.stop_reason,
+        )
+        assert result.n_steps == whole.n_steps
+        streamed = torch.cat([item.tokens.cpu() for item in items]).tolist()
+        kept = streamed[:1] if result.stop_reason == StopReason.MAX_TOKENS else []
+        assert streamed == kept + result.tokens.tolist(), params
+        assert all(len(item.tokens) == window and item.result is None for item in items[:-1])
+        if len(streamed) > window:  # the first item is a whole window, out as soon as it was drawn
+            assert len(first.tokens) == window and n_steps_at_first == window - 1
+        assert len(items) - 1 == (len(streamed) - 1) // window or len(streamed) % window == 0
+    with pytest.raises(ValueError, match="window"):
+        next(decode_iter(decoder, req, window=0))

@@ -6,8 +6,13 @@ sampling buffers, per-row state, the device RNG and the graphs of `decode_step`,
 bucket moves to the next graph in place (the cache is shared); beyond the largest bucket the
 request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
 
-`decode_iter(request)` is the step-wise face of `decode` for streaming: the tokens come out at every
-stop check (the one host read of a decode), the steps and the RNG stream are `decode`'s own.
+`decode_iter(request, window=)` is the step-wise face of `decode` for streaming: the tokens come out at
+every stop check (the one host read of a decode), or with a window at every multiple of it; the steps and
+the RNG stream are `decode`'s own.
+
+With a capturing preset the prompt is prefilled by graph replays too (`prefill.PaddedPrefill`: the prompt
+padded to a multiple of 64 positions, masked; one graph per length bucket, captured as the preset says),
+instead of ~400 eager launches at the prompt's exact length; prompts beyond its room are prefilled eagerly.
 """
 
 from __future__ import annotations
@@ -50,12 +55,19 @@ def _n_spoken(result: DecodeResult) -> int:
 
 
 @torch.inference_mode()
-def decode_iter(decoder: T2SStaticDecoder, request: T2SRequest) -> Iterator[DecodedTokens]:
+def decode_iter(
+    decoder: T2SStaticDecoder, request: T2SRequest, window: int | None = None
+) -> Iterator[DecodedTokens]:
     """`decoder.decode([request])` step by step: the same steps (KV buckets, EOS phases, batch bucket)
     and the same RNG stream, so the same tokens and DecodeResult, handed out as they are decoded.
 
     Every `stop_check_interval` steps, where `decode` reads the stop flag (the only host read), the
-    tokens drawn since the last item are yielded as a device tensor (no copy to the host). The
+    tokens drawn since the last item are yielded as a device tensor (no copy to the host). With a
+    `window` (a stream's tokens per window), items are yielded when the number of tokens drawn reaches a
+    multiple of it instead (the stop flag read there too, and still at every stop check): a window
+    leaves as soon as its last token is drawn, not at the next stop check. A stop seen at a window
+    multiple ends the loop before decode's next stop check would: the steps it skips run on a done row,
+    which changes nothing decode reports. The
     concatenated tokens equal the result's, except on a cap stop (no EOS within max_new_tokens), where
     upstream's callers drop the *first* token (`y[-idx:]`, kept in `result.tokens`): a stream has already
     spoken it, so the yielded tokens keep it (one more), as `streaming.decode_steps` does.
@@ -72,13 +84,18 @@ def decode_iter(decoder: T2SStaticDecoder, request: T2SRequest) -> Iterator[Deco
     generator = reseed(decoder.generator, request.params.seed)
     is_forced = request.params.force_n_tokens is not None
     sample_step(model, state, first, buf, generator, drop_eos=True)
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 tokens or None, got {window}")
     n_sent = 0
-    for n_steps in range(1, limit):
-        if n_steps % engine.stop_check_interval == 0:
+    for n_steps in range(1, limit):  # n_steps tokens drawn so far
+        is_check = n_steps % engine.stop_check_interval == 0
+        is_edge = window is not None and n_steps % window == 0
+        if is_check or is_edge:
             if bool(st.done[0]):
-                break  # the one host read, where decode() makes it
-            yield DecodedTokens(st.out[0, n_sent:n_steps].clone())  # not done: all n_steps drawn are speech
-            n_sent = n_steps
+                break  # the one host read, where decode() makes it (or at a window's end)
+            if is_edge or window is None:
+                yield DecodedTokens(st.out[0, n_sent:n_steps].clone())  # not done: all drawn are speech
+                n_sent = n_steps
         n_slots = pick_bucket(n_prompt + n_steps, engine.buckets)
         decoder.step(n_rows, n_slots, is_forced or n_steps < EOS_BLOCKED_STEPS)
     result = decoder._result(0)
@@ -89,12 +106,25 @@ class T2SGraphDecoder(T2SStaticDecoder):
     """`decode(requests)` with the same results as T2SStaticDecoder, each step a graph replay.
 
     preset: `full` captures every key at construction, `minimal` the common ones (one row, the
-    smallest KV bucket, both EOS phases), `lazy` each key on first use, `off` runs eagerly.
+    smallest KV bucket, both EOS phases; the prefill's COMMON_PREFILL_SLOTS), `lazy` each key on first
+    use, `off` runs eagerly.
+    padded_prefill: prefill prompts through `PaddedPrefill` (graphs under the preset); None: exactly when
+    the preset captures. True with preset off runs the padded prefill eagerly (tests on the CPU).
     """
 
-    def __init__(self, model: T2SModel, engine: StaticDecodeConfig | None = None, preset: str = "full"):
+    def __init__(
+        self,
+        model: T2SModel,
+        engine: StaticDecodeConfig | None = None,
+        preset: str = "full",
+        padded_prefill: bool | None = None,
+    ):
         super().__init__(model, engine)
         self.preset = parse_graph_preset(preset)
+        if padded_prefill is None:
+            padded_prefill = self.preset is not GraphPreset.OFF
+        if padded_prefill:
+            self.use_padded_prefill(self.preset)
         keys = [
             (n_rows, n_slots, drop)
             for n_rows in self.engine.row_buckets
@@ -137,6 +167,8 @@ class T2SGraphDecoder(T2SStaticDecoder):
         if self.preset in (GraphPreset.FULL, GraphPreset.MINIMAL):
             self._reset()  # capture warm-ups run real steps on whatever the buffers hold
             self.graphs.capture_at_load()
+            if self.prefill is not None:  # its graphs do not depend on the step kernels: captured once
+                self.prefill.capture_at_load(self.graphs.preset)
             self._reset()
 
     def set_step_kernels(self, kernels: StepKernels) -> StepKernels:
@@ -154,6 +186,6 @@ class T2SGraphDecoder(T2SStaticDecoder):
     def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
         self.graphs.run((n_rows, n_slots, drop_eos))
 
-    def decode_iter(self, request: T2SRequest) -> Iterator[DecodedTokens]:
+    def decode_iter(self, request: T2SRequest, window: int | None = None) -> Iterator[DecodedTokens]:
         """One request decoded step by step, each step a graph replay (see the module's `decode_iter`)."""
-        return decode_iter(self, request)
+        return decode_iter(self, request, window)

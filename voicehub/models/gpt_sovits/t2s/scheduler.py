@@ -47,9 +47,17 @@ class T2SRowEngine(T2SStaticDecoder):
     preset: `full` captures a graph per (batch bucket, KV bucket) at construction; `off` steps
     eagerly. `minimal` and `lazy` are refused: capturing on first use runs warm-up steps on live
     rows. Do not mix with the inherited batch `decode` while rows are busy (same buffers).
+    padded_prefill: admit prompts through `PaddedPrefill` (one row at a time into its row; graphs of
+    every length bucket captured at construction under `full`); None: exactly when the preset is full.
     """
 
-    def __init__(self, model: T2SModel, engine: StaticDecodeConfig | None = None, preset: str = "off"):
+    def __init__(
+        self,
+        model: T2SModel,
+        engine: StaticDecodeConfig | None = None,
+        preset: str = "off",
+        padded_prefill: bool | None = None,
+    ):
         super().__init__(model, engine)
         self.preset = parse_graph_preset(preset)
         if self.preset in (GraphPreset.MINIMAL, GraphPreset.LAZY):
@@ -68,6 +76,10 @@ class T2SRowEngine(T2SStaticDecoder):
         self._n_stepped: dict[int, int] = {}
         self._n_emitted: dict[int, int] = {}
         self._reset()  # every row free (done, length 0)
+        if padded_prefill is None:
+            padded_prefill = self.preset is GraphPreset.FULL
+        if padded_prefill:  # a prefill writes only its own row: capturing it with rows busy is harmless
+            self.use_padded_prefill(self.preset)
         keys = [(r, s) for r in self.engine.row_buckets for s in self.engine.buckets]
         self.graphs = BucketedGraphRunner(self._graph_step, keys, self.preset, self.device)
         self._capture()
@@ -75,6 +87,8 @@ class T2SRowEngine(T2SStaticDecoder):
     def _capture(self) -> None:
         if self.preset is GraphPreset.FULL:
             self.graphs.capture_at_load()  # warm-ups step free rows only: harmless
+            if self.prefill is not None:  # independent of the step kernels: captured once
+                self.prefill.capture_at_load()
             self._reset()
 
     def set_step_kernels(self, kernels: StepKernels) -> StepKernels:

@@ -13,6 +13,7 @@ full width instead (same greedy tokens; a different draw width, so sampled token
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
@@ -28,10 +29,13 @@ from voicehub.models.gpt_sovits.t2s.decode import (
     reseed,
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
+from voicehub.models.gpt_sovits.t2s.prefill import PaddedPrefill
 from voicehub.runtime.kernels.sample_step import record_step
 from voicehub.runtime.kernels.t2s_layer import EmbedWeights, LayerWeights, StackWeights
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
 from voicehub.runtime.sampling import SamplingBuffers, sample
+
+log = logging.getLogger(__name__)
 
 # KV slots kept for the prompt (reference phonemes + sentence phonemes + reference semantic tokens):
 # a 10 s reference is 250 tokens, leaving ~260 phonemes; longer requests take the eager path.
@@ -330,6 +334,13 @@ class T2SStaticDecoder:
         # One generator for every decode, reseeded per call: a graph that captured it keeps using it.
         self.generator = torch.Generator(device=w.device)
         self.kernels = NATIVE_KERNELS
+        self.prefill: PaddedPrefill | None = None  # set by graph-capturing owners (`use_padded_prefill`)
+        self._said_eager_prefill = False
+
+    def use_padded_prefill(self, preset: str) -> PaddedPrefill:
+        """Prefill prompts (up to PROMPT_ROOM positions) through `PaddedPrefill`, its graphs under `preset`."""
+        self.prefill = PaddedPrefill(self.model, self.cache, PROMPT_ROOM, preset)
+        return self.prefill
 
     def set_step_kernels(self, kernels: StepKernels) -> StepKernels:
         """Use `kernels` in every later step; returns the previous choice (for undo)."""
@@ -369,16 +380,34 @@ class T2SStaticDecoder:
                 f"request needs up to {n_prompt} + {limit} KV slots, the static cache holds "
                 f"{self.engine.max_seq_len}; raise StaticDecodeConfig.max_seq_len or lower max_new_tokens"
             )
-        logits, keys, values = encode_prompt(self.model, phone_ids, req.bert.to(self.device), prompt)
-        for i, (k, v) in enumerate(zip(keys, values)):
-            self.cache.fill_row(i, row, k[0], v[0])
-        self.cache.set_length(row, n_prompt)
+        logits = self._prefill(row, phone_ids, req.bert.to(self.device), prompt)
         p, st = req.params, self.state
         self.buf.set_row(row, top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
                          repetition_penalty=p.repetition_penalty, seen_tokens=prompt)  # fmt: skip
         st.audio_pos[row], st.cap[row], st.forced[row] = prompt.shape[0], cap, p.force_n_tokens is not None
         st.done[row] = False
-        return logits[0], n_prompt, limit
+        return logits, n_prompt, limit
+
+    def _prefill(
+        self, row: int, phone_ids: torch.Tensor, bert: torch.Tensor, prompt: torch.Tensor
+    ) -> torch.Tensor:
+        """The prompt's K/V into cache row `row`, its length set; returns the next-token logits [V].
+        Through the padded prefill when set (`prefill.py`: a graph replay per length bucket), else, or
+        for a prompt beyond its room (logged once), eagerly: `encode_prompt` at the exact length, copied in."""
+        n_prompt = phone_ids.shape[0] + prompt.shape[0]
+        if self.prefill is not None and n_prompt <= self.prefill.prompt_room:
+            return self.prefill.load([row], [(phone_ids, bert, prompt)])[0]
+        if self.prefill is not None and not self._said_eager_prefill:
+            self._said_eager_prefill = True
+            log.info(
+                "T2S prompt of %d positions exceeds the padded prefill's %d: prefilled eagerly",
+                n_prompt, self.prefill.prompt_room,
+            )  # fmt: skip
+        logits, keys, values = encode_prompt(self.model, phone_ids, bert, prompt)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            self.cache.fill_row(i, row, k[0], v[0])
+        self.cache.set_length(row, phone_ids.shape[0] + prompt.shape[0])
+        return logits[0]
 
     def _reset(self) -> None:
         st = self.state
