@@ -262,14 +262,15 @@ class Pipeline:
                 return decoder.decode([request])[0]
         return decode(self.t2s, request.phone_ids, request.bert, request.prompt_tokens, request.params)
 
-    def token_batches(self, request: T2SRequest) -> Iterator[torch.Tensor]:
+    def token_batches(self, request: T2SRequest, window: int | None = None) -> Iterator[torch.Tensor]:
         """The sentence's semantic tokens as they are decoded, in batches [n] long on the device: one per
-        stop check from the graph decoder's `decode_iter`, else one per step of the eager reference.
+        stop check from the graph decoder's `decode_iter` (with `window`, one per `window` tokens, each
+        out as soon as it is drawn), else one per step of the eager reference.
         Where the decode ends on the cap, the first token is kept (see `decode_iter`). The graph decoder
         stays held between batches until the decode ends: closing the iterator early frees it."""
         with self._claim_decoder(request) as decoder:
             if decoder is not None:
-                for item in decoder.decode_iter(request):
+                for item in decoder.decode_iter(request, window):
                     if item.result is not None:
                         break  # decoded: the decoder is free for others before the last tokens go on
                     yield item.tokens
@@ -368,7 +369,8 @@ class Pipeline:
         assert params.stream_chunk_tokens is not None
         phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
         request = self.t2s_request(ref, sentence, params, seed)
-        windows = stepwise_windows(self.token_batches(request), int(params.stream_chunk_tokens))
+        window = int(params.stream_chunk_tokens)
+        windows = stepwise_windows(self.token_batches(request, window), window)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         yield from stream_windows(
             self.sovits, self.vocoder, ref.acoustic, windows, phones,
