@@ -8,6 +8,7 @@ attention blocks; cache slots past each row's length are NaN, so a stale read fa
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
@@ -58,24 +59,28 @@ def mk():
         yield importlib.import_module(MODULE)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_stack_matches_the_definition_across_row_blocks(mk, dtype):
+# attn_tiles: 1 (a program per 16-slot block, merged), 2 (two tiles per program, online softmax,
+# merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge)
+@pytest.mark.parametrize(("dtype", "tiles"), [(torch.float32, 1), (torch.float16, 1), (torch.float32, 2),
+                                              (torch.float16, 8)])  # fmt: skip
+def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles):
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
     k_want, v_want = as_float(k), as_float(v)
     want = ref.decode_stack_reference(
         x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
     )
-    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=mk.MmaConfig(**BLOCKS))
+    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=mk.MmaConfig(**BLOCKS, attn_tiles=tiles))
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
     assert got.dtype == dtype and rel_l2(got, want) <= tol
     assert rel_l2(as_float(k), k_want) <= tol and rel_l2(as_float(v), v_want) <= tol
     assert not got.isnan().any()
 
 
-def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk):
+@pytest.mark.parametrize("tiles", [1, 2, 8])
+def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles):
     # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
     # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
-    cfg = mk.MmaConfig(**BLOCKS)
+    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles)
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
     five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
     big = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg)
@@ -188,19 +193,27 @@ FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(dtype):
+# the table's config (through the registry), and one attention program per (row, head) over the whole
+# cache (128-slot tiles x 8: no merge) for fp16
+@pytest.mark.parametrize(
+    ("dtype", "attn_tiles"), [(torch.float16, None), (torch.float32, None), (torch.float16, 8)]
+)
+def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(dtype, attn_tiles):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     stack = registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cuda")
+    if attn_tiles is not None:
+        mk = importlib.import_module(MODULE)
+        stack = functools.partial(mk.decode_stack_mma, config=mk.MmaConfig(block_k=128, attn_block=128,
+                                                                           attn_tiles=attn_tiles))  # fmt: skip
     lengths = torch.tensor([730, 0, 1023, 300, 17, 511, 64, 65, 1, 900, 5, 640, 128, 129, 33, 700, 450, 2, 999, 256],
                            device="cuda")  # fmt: skip
     n_rows = lengths.numel()  # two row blocks of 16
     w = random_weights(**FULL, dtype=dtype, device="cuda")
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator(device="cuda").manual_seed(3)  # the CPU's randn of 0.8G values takes seconds
     shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
-    k, v = (torch.randn(shape, generator=g).to("cuda", dtype) for _ in range(2))
-    x = torch.randn(n_rows, FULL["dim"], generator=g).to("cuda", dtype)
+    k, v = (torch.randn(shape, generator=g, device="cuda").to(dtype) for _ in range(2))
+    x = torch.randn(n_rows, FULL["dim"], generator=g, device="cuda").to(dtype)
     k_want, v_want = k.float(), v.float()
     want = ref.decode_stack_reference(
         x.float(), weights_as(w, torch.Tensor.float), k_want, v_want, lengths, 1024

@@ -6,9 +6,11 @@ re-reads every weight tile per row group. Here each GEMM program multiplies BLOC
   qkv        x [BLOCK_M, D] @ W_qkv^T + b; x is the input (layer 0) or the previous layer's LN2,
              recomputed by every program from x_ffn and the FFN's fp32 output (two passes: the rows'
              statistics, then the normalised K chunks); q to a buffer, k and v into the cache at slot lengths[b];
-  attention  one program per (row, head, block of slots) below the row's length; the last of a
-             (row, head) to finish (an int32 counter per program, not per element) merges the blocks
-             in a fixed order and writes the head's 32 values, rounded to the model dtype;
+  attention  one program per (row, head, block of attn_tiles tiles of attn_block slots), online
+             softmax over the block's tiles below the row's length; the last of a (row, head) to finish
+             (an int32 counter per program, not per element) merges the blocks in a fixed order and
+             writes the head's 32 values, rounded to the model dtype (a block as large as the cache:
+             one program per (row, head), no partials and no merge);
   out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K);
   ffn1       LN1(x + out + b_o) @ W1^T + b1, relu, stored in the model dtype (as torch rounds it);
   ffn2       h @ W2^T, stored as fp32: the next layer's qkv (or the head) adds b2 and normalises.
@@ -33,7 +35,6 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_triton import (
-    _attend_block,
     _await_previous,
     _launch,
     _merge_blocks,
@@ -47,14 +48,17 @@ MIN_DOT = 16  # tl.dot's smallest tile side
 class MmaConfig:
     """Rows per GEMM program (block_m), outputs per qkv / out-proj / ffn2 / head program (block_n),
     the reduction chunk (block_k), hidden units per ffn1 program (ffn_block), KV slots per attention
-    program (attn_block), and warps. Every field changes the order of float operations or the MMA
-    instruction: fixed per model shape, never chosen by the batch size or the bucket."""
+    tile (attn_block) and tiles per attention program (attn_tiles: a program covers attn_block *
+    attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps.
+    Every field changes the order of float operations or the MMA instruction: fixed per model shape,
+    never chosen by the batch size or the bucket."""
 
     block_m: int = 16
     block_n: int = 32
     block_k: int = 64
     ffn_block: int = 64
     attn_block: int = 64
+    attn_tiles: int = 1
     gemm_warps: int = 4
     attn_warps: int = 4
     gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
@@ -213,26 +217,67 @@ def _qkv_kernel(
 
 
 @triton.jit
+def _attend_tiles(
+    q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
+    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
+    # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
+    # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge).
+    dims = tl.arange(0, DH)
+    dmask = dims < HEAD_DIM
+    q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
+    b64 = b.to(tl.int64)
+    k_row = k_ptr + b64 * skb + h * skh
+    v_row = v_ptr + b64 * svb + h * svh
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
+    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
+    acc = tl.zeros([DH], tl.float32)
+    for t in range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)):
+        slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
+        live = slots < n
+        kv_mask = live[:, None] & dmask[None, :]
+        k = tl.load(k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
+        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+        p = tl.exp(s - m_new)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m = m_new
+    return m, denom, acc
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
-    SPLITS: tl.constexpr, PDL: tl.constexpr,
+    TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     _await_previous(PDL)  # no weights here to read first
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    # the blocks and their merge as in `t2s_layer_triton`; the head's values go out rounded to the dtype
-    last = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_slots,
-                         n_splits, dim, scale, skb, skh, sks, svb, svh, svs, N_HEAD, HEAD_DIM, DH, BLOCK_S,
-                         SPLITS)  # fmt: skip
-    if last:
-        dims = tl.arange(0, DH)
-        a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
-        tl.store(
-            attn_ptr + b * dim + h * HEAD_DIM + dims, a.to(attn_ptr.dtype.element_ty), mask=dims < HEAD_DIM
-        )
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
+    m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES)  # fmt: skip
+    dims = tl.arange(0, DH)
+    out = attn_ptr + b * dim + h * HEAD_DIM + dims
+    dtype = attn_ptr.dtype.element_ty
+    if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
+        tl.store(out, (acc / denom).to(dtype), mask=dims < HEAD_DIM)
+    else:
+        # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
+        base = (b * N_HEAD + h) * SPLITS
+        tl.store(part_ptr + (base + split) * DH + dims, acc)
+        tl.store(m_ptr + base + split, m)
+        tl.store(l_ptr + base + split, denom)
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
+            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
+            tl.store(out, a.to(dtype), mask=dims < HEAD_DIM)
 
 
 @triton.jit
@@ -330,7 +375,11 @@ class Scratch:
         xs = torch.empty(4, n_rows, dim, device=dev, dtype=dtype)
         outs = torch.empty(2, n_rows, dim, device=dev, dtype=torch.float32)
         h = torch.empty(n_rows, ffn_dim, device=dev, dtype=dtype)
-        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, cfg.attn_block))
+        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)))
+
+
+def _attn_span(cfg: MmaConfig) -> int:
+    return cfg.attn_block * cfg.attn_tiles  # KV slots per attention program
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
@@ -363,12 +412,12 @@ def attention_stage(
     """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype)."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     head_dim = dim // n_head
-    n_splits = triton.cdiv(n_slots, cfg.attn_block)
+    n_splits = triton.cdiv(n_slots, _attn_span(cfg))
     _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
-        N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, SPLITS=s.splits,
-        num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+        N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
+        SPLITS=s.splits, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
