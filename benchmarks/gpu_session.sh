@@ -54,10 +54,17 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     e2e) step e2e 340 python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
     streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
-    # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack
-    rows) step rows-tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py
-      step t2s-layer-rows 130 python3 benchmarks/t2s_layer_bench.py --rows 1,4,16,64,128 --no-sweep \
+    # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack,
+    # in two runs into one JSON (the first compiles every kernel for the 16-divisible row counts)
+    rows) step rows-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py
+      step t2s-layer-rows 120 python3 benchmarks/t2s_layer_bench.py --rows 1,4,16 --no-sweep \
+        --out "$OUT/t2s_layer_rows_h200.json"
+      step t2s-layer-rows-big 100 python3 benchmarks/t2s_layer_bench.py --rows 64,128 --no-sweep --append \
         --out "$OUT/t2s_layer_rows_h200.json" ;;
+    # the many-row stack's block config: a coordinate search at 64 rows (no new config after GRID_BUDGET s),
+    # its winner checked at 16 and 128 rows; prints the CONFIGS line that applies it
+    mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-220}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
+        --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-150}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 2 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA

@@ -11,10 +11,16 @@ torch ops, then the x-taking stack: the step before the fusion) against `fused_e
 t2s_embed_layer_stack, whose first kernel gathers the embedding), both checked against the definition.
 At every batch size it also times the many-row stack (`t2s_layer_stack_rows`, `t2s_layer_mma_triton`:
 path `mma`, with a per-kernel breakdown), and at the largest one sweeps its block config (`mma_sweep`).
-Random full-size weights, one KV length per row, the bucket above it. Prints a table; writes JSON to --out.
+Random full-size weights (drawn on the device), one KV length per row, the bucket above it. Prints each
+row as it is measured; writes JSON to --out after each batch size (--append adds to it: a split run).
+--mma-grid times only the many-row stack: a coordinate search over MMA_GRID from MMA_GRID_START under a
+time budget, each config checked against the definition (errors recorded), a ranking with the best
+first, the winner's breakdown and its check at --check-rows, and the CONFIGS line that applies it.
 
     python benchmarks/t2s_layer_bench.py --out results/t2s_layer_h200.json
     python benchmarks/t2s_layer_bench.py --rows 1,4,16,64,128 --no-sweep  # paths only, no config sweeps
+    python benchmarks/t2s_layer_bench.py --mma-grid --rows 64 --check-rows 16,128 --grid-budget-s 150 \
+        --out results/t2s_layer_mmagrid_h200.json
     python benchmarks/t2s_layer_bench.py --size tiny --device cpu --rows 1,3 --length 40 --n-slots 64 \
         --max-slots 96  # smoke test (interpreted, no graphs)
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -76,16 +83,34 @@ MMA_SWEEP = (  # the many-row stack's config, one field at a time around the tab
     {"gemm_warps": 8},
     {"attn_warps": 2},
     {"attn_warps": 8},
+    {"attn_tiles": 4},
+    {"attn_tiles": 16},
     {"pdl": False},
 )
+# --mma-grid: a coordinate search over these values, starting from every single change that won in
+# the H200 sweep (benchmarks/results/t2s_layer_sweep_h200.json); attention fields first (they
+# recompile one kernel), then the GEMMs'
+MMA_GRID = {
+    "attn_block": (128, 256),
+    "attn_tiles": (1, 2, 4, 8),
+    "attn_warps": (2, 4),
+    "block_k": (128, 256),
+    "block_n": (32, 64),
+    "ffn_block": (64, 128),
+    "gemm_stages": (2, 3),
+    "pdl": (True, False),
+}
+MMA_GRID_START = {"block_k": 256, "block_n": 64, "ffn_block": 128, "gemm_stages": 2, "attn_block": 256,
+                  "attn_warps": 2, "pdl": False}  # fmt: skip
 
 
 def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: torch.dtype, device: str):
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[size]
-    g = torch.Generator().manual_seed(0)
+    # drawn on the device: the CPU's randn of a 128-row cache (3.2G values) alone takes a minute
+    g = torch.Generator(device=device).manual_seed(0)
 
     def r(*shape, scale=1.0, mean=0.0):
-        return (mean + scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
+        return (mean + scale * torch.randn(*shape, generator=g, device=device)).to(dtype)
 
     layers = tuple(
         ref.LayerWeights(
@@ -103,8 +128,10 @@ def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: to
     return r(n_rows, dim), weights, k, v, lengths
 
 
-def time_us(fn: Callable[[], object], on_gpu: bool, replays: int) -> float:
-    """Median µs of one call: replays of a CUDA graph of it on the GPU, eager calls on the CPU."""
+def time_us(fn: Callable[[], object], on_gpu: bool, replays: int, batch_ms: float = 25.0) -> float:
+    """Median µs of one call: 5 batches of replays of a CUDA graph of it on the GPU (at most `replays`
+    per batch, fewer where a batch would pass batch_ms: a 9 ms step needs no 500 replays), eager calls
+    on the CPU."""
     if not on_gpu:
         times = []
         for _ in range(max(1, replays)):
@@ -121,6 +148,12 @@ def time_us(fn: Callable[[], object], on_gpu: bool, replays: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    replays = max(3, min(replays, math.ceil(batch_ms / max(start.elapsed_time(end), 1e-3))))
     per_batch = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -181,17 +214,17 @@ def mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Calla
     return {name: (lambda n=n: run(n)) for n, name in enumerate(names, 1)}
 
 
-def bench_mma(mk, inputs, want, n_slots, cfg, on_gpu, replays, breakdown: bool) -> dict:
+def bench_mma(mk, inputs, want, n_slots, cfg, on_gpu, replays, breakdown: bool, batch_ms=25.0) -> dict:
     """The many-row stack at one config: rel. L2 against the definition, µs per step, a breakdown."""
     x, w, k, v, lengths = inputs
     row = {"config": dataclasses.asdict(cfg)}
     try:
         row["rel_l2"] = rel_l2(mk.decode_stack_mma(x, w, k, v, lengths, n_slots, config=cfg), want)
         row["step_us"] = time_us(lambda: mk.decode_stack_mma(x, w, k, v, lengths, n_slots, config=cfg),
-                                 on_gpu, replays)  # fmt: skip
+                                 on_gpu, replays, batch_ms)  # fmt: skip
         if breakdown:
             prefixes = mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg)
-            row["prefix_us"] = {name: time_us(fn, on_gpu, replays) for name, fn in prefixes.items()}
+            row["prefix_us"] = {name: time_us(fn, on_gpu, replays, batch_ms) for name, fn in prefixes.items()}
     except Exception as exc:  # a config that fails to compile or run is reported, the sweep goes on
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
@@ -259,7 +292,7 @@ def _float(w: ref.StackWeights) -> ref.StackWeights:
     return ref.StackWeights(layers, w.head_weight.float(), w.n_head, w.eps)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--size", default="full", choices=list(SIZES))
     p.add_argument("--dtype", default="float16")
@@ -269,14 +302,57 @@ def main() -> None:
     p.add_argument("--length", type=int, default=730, help="cached slots per row (230 prompt + 500 tokens)")
     p.add_argument("--n-slots", type=int, default=768, help="the KV bucket")
     p.add_argument("--max-slots", type=int, default=1024, help="cache size")
-    p.add_argument("--replays", type=int, default=100)
+    p.add_argument("--replays", type=int, default=100, help="most CUDA-graph replays per timed batch")
+    p.add_argument(
+        "--batch-ms", type=float, default=25.0, help="fewer replays where a batch would take longer"
+    )
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--mma-grid", action="store_true",
+                   help="only the many-row stack: a coordinate search over MMA_GRID at the first --rows, "
+                        "its winner checked against the table's entry at --check-rows")  # fmt: skip
+    p.add_argument("--check-rows", default="16,128")
+    p.add_argument("--grid-budget-s", type=float, default=150.0,
+                   help="no new grid config after this many seconds from the start (compiles included)")  # fmt: skip
+    p.add_argument(
+        "--max-rel-l2", type=float, default=1e-2, help="a config further from the definition loses"
+    )
+    p.add_argument("--append", action="store_true", help="add to --out's results (a split run)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    on_gpu = args.device == "cuda"
-    if not on_gpu:  # read when triton is first imported
+    if args.device != "cuda":  # read when triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.replays = 1
+    return args
+
+
+class Report:
+    """Results printed as they come and written to --out after each batch size (a run stopped by its
+    time limit keeps what it measured)."""
+
+    def __init__(self, args, base, mma_base, n_layer: int):
+        self.args, self.base, self.mma_base, self.n_layer = args, base, mma_base, n_layer
+        self.results, self.extra = [], {}
+        if args.append and args.out and args.out.exists():
+            self.results = json.loads(args.out.read_text())["results"]
+        print(
+            f"{'rows':>4} {'path':17} {'changed':22} {'us/step':>8} {'tok/s bound':>11} {'rel_l2':>8}",
+            flush=True,
+        )
+
+    def add(self, row: dict) -> None:
+        self.results.append(row)
+        print_row(row, self.mma_base if row["path"].startswith("mma") else self.base, self.n_layer)
+
+    def save(self) -> None:
+        if self.args.out:
+            self.args.out.parent.mkdir(parents=True, exist_ok=True)
+            data = {"results": self.results, **self.extra, "meta": meta(self.args)}
+            self.args.out.write_text(json.dumps(data, indent=1))
+
+
+def main() -> None:
+    args = parse_args()
+    on_gpu = args.device == "cuda"
     from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
     from voicehub.runtime.kernels import t2s_layer_triton as tk
 
@@ -285,59 +361,152 @@ def main() -> None:
     base = tk.config_for(dim, ffn_dim, n_head, vocab)
     mma_base = mk.config_for(dim, ffn_dim, n_head, vocab)
     n_rows = [int(n) for n in args.rows.split(",")]
-    results = []
+    report = Report(args, base, mma_base, n_layer)
+    if args.mma_grid:
+        winner = mma_grid(mk, args, report, mma_base, dtype)
+        report.save()
+        if winner is not None:
+            check_winner(mk, args, report, mma_base, winner, dtype)
+        return
     for i, rows in enumerate(n_rows):
         inputs = random_inputs(args.size, rows, args.length, args.max_slots, dtype, args.device)
         configs = [base] + ([] if i or args.no_sweep else [dataclasses.replace(base, **c) for c in SWEEP])
-        torch_us = time_us(
-            lambda inputs=inputs: ref.decode_stack_reference(*inputs, args.n_slots), on_gpu, args.replays
-        )
-        results.append({"rows": rows, "path": "torch_definition", "step_us": torch_us})
+        torch_us = time_us(lambda inputs=inputs: ref.decode_stack_reference(*inputs, args.n_slots), on_gpu,
+                           args.replays, args.batch_ms)  # fmt: skip
+        report.add({"rows": rows, "path": "torch_definition", "step_us": torch_us})
         embed_inputs = random_embed(args.size, rows, args.length, dtype, args.device)
         for row in bench_embed(tk, inputs, embed_inputs, args.n_slots, base, on_gpu, args.replays):
-            results.append({"rows": rows, **row})
+            report.add({"rows": rows, **row})
         for j, cfg in enumerate(configs):
             row = bench_config(tk, inputs, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
-            results.append({"rows": rows, "path": "fused" if j == 0 else "fused_sweep", **row})
-        x, w, k, v, lengths = inputs
-        want = ref.decode_stack_reference(x.float(), _float(w), k.float(), v.float(), lengths, args.n_slots)
+            report.add({"rows": rows, "path": "fused" if j == 0 else "fused_sweep", **row})
+        want = reference(inputs, args.n_slots)
         is_last = i == len(n_rows) - 1 and not args.no_sweep
         mma_configs = [mma_base] + (
             [dataclasses.replace(mma_base, **c) for c in MMA_SWEEP] if is_last else []
         )
         for j, cfg in enumerate(mma_configs):
             row = bench_mma(mk, inputs, want, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
-            results.append({"rows": rows, "path": "mma" if j == 0 else "mma_sweep", **row})
-        del want
-    print_table(results, base, mma_base, n_layer)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"results": results, "meta": meta(args)}, indent=1))
+            report.add({"rows": rows, "path": "mma" if j == 0 else "mma_sweep", **row})
+        del want, inputs
+        report.save()
 
 
-def print_table(results: list[dict], base, mma_base, n_layer: int) -> None:
-    print(f"{'rows':>4} {'path':17} {'changed':22} {'us/step':>8} {'tok/s bound':>11} {'rel_l2':>8}")
-    for r in results:
-        b = mma_base if r["path"].startswith("mma") else base
-        changed = ", ".join(f"{k}={v}" for k, v in r.get("config", {}).items() if getattr(b, k) != v)
-        if "error" in r:
-            print(f"{r['rows']:4} {r['path']:17} {changed:22} ERROR {r['error'][:80]}")
-            continue
-        tok_s = r["rows"] * 1e6 / r["step_us"]
-        rel = f"{r['rel_l2']:8.1e}" if "rel_l2" in r else ""
-        print(f"{r['rows']:4} {r['path']:17} {changed:22} {r['step_us']:8.1f} {tok_s:11.0f} {rel:>8}")
-        if "prefix_us" in r and r["path"] == "mma":
-            names = list(r["prefix_us"])
-            us = [r["prefix_us"][n] for n in names]
-            parts = [(n.lstrip("+"), b - a) for n, a, b in zip(names[1:5], us, us[1:5])]
-            per_layer = ", ".join(f"{n} {t / n_layer:.2f}" for n, t in [("qkv", us[0]), *parts])
-            print(f"{'':4} {'':17} per layer (us): {per_layer}; head {us[5] - us[4]:.2f}")
-        elif "prefix_us" in r:
-            pre = r["prefix_us"]
-            parts = [("qkv", pre["qkv"]), ("attention", pre["+attention"] - pre["qkv"]),
-                     ("ffn", pre["+ffn"] - pre["+attention"])]  # fmt: skip
-            per_layer = ", ".join(f"{name} {us / n_layer:.2f}" for name, us in parts)
-            print(f"{'':4} {'':17} per layer (us): {per_layer}; head {pre['+head'] - pre['+ffn']:.2f}")
+def reference(inputs, n_slots: int) -> torch.Tensor:
+    """The definition's logits in fp32 (it writes the step's k, v into the caches, as the kernels do)."""
+    x, w, k, v, lengths = inputs
+    return ref.decode_stack_reference(x.float(), _float(w), k.float(), v.float(), lengths, n_slots)
+
+
+def mma_grid(mk, args, report: Report, base, dtype):
+    """Coordinate search over MMA_GRID at the first --rows from MMA_GRID_START: each pass tries every
+    other value of each field around the best config so far, until a pass finds nothing faster or the
+    time budget ends. Then the winner's per-kernel breakdown and its check at --check-rows."""
+    t_start, on_gpu = time.perf_counter(), args.device == "cuda"
+    rows = int(args.rows.split(",")[0])
+    inputs = random_inputs(args.size, rows, args.length, args.max_slots, dtype, args.device)
+    want = reference(inputs, args.n_slots)
+    timed: dict = {}  # config -> row
+
+    def run(cfg) -> None:
+        if cfg in timed or time.perf_counter() - t_start > args.grid_budget_s:
+            return
+        t0 = time.perf_counter()
+        row = bench_mma(mk, inputs, want, args.n_slots, cfg, on_gpu, args.replays, False, args.batch_ms)
+        timed[cfg] = {"rows": rows, "path": "mma_grid", **row, "wall_s": round(time.perf_counter() - t0, 2)}
+        report.add(timed[cfg])
+
+    def best():
+        ok = [c for c, r in timed.items() if "step_us" in r and r["rel_l2"] <= args.max_rel_l2]
+        return min(ok, key=lambda c: timed[c]["step_us"]) if ok else None
+
+    run(base)
+    run(dataclasses.replace(base, **MMA_GRID_START))
+    winner, improved = best(), True
+    while winner is not None and improved:
+        improved = False
+        for field, values in MMA_GRID.items():
+            for value in values:
+                run(dataclasses.replace(winner, **{field: value}))
+            if best() != winner:
+                winner, improved = best(), True
+    report.extra["grid"] = {"values": {k: list(v) for k, v in MMA_GRID.items()}, "start": MMA_GRID_START,
+                            "budget_s": args.grid_budget_s, "search_s": round(time.perf_counter() - t_start, 1),
+                            "n_timed": len(timed)}  # fmt: skip
+    if winner is None:
+        print("no grid config ran within the rel. L2 bound", flush=True)
+        return None
+    print_ranking(timed, base, args.max_rel_l2)
+    report.extra["winner"] = dataclasses.asdict(winner)
+    report.extra["configs_line"] = configs_line(mk, winner, SIZES[args.size])
+    report.add({"rows": rows, "path": "mma_winner",
+                **bench_mma(mk, inputs, want, args.n_slots, winner, on_gpu, args.replays, True, args.batch_ms)})  # fmt: skip
+    report.save()
+    print(f"winner at {rows} rows ({timed[winner]['step_us']:.1f} us, table entry "
+          f"{timed[base].get('step_us', float('nan')):.1f} us; {len(timed)} configs in "
+          f"{report.extra['grid']['search_s']} s):\n  {report.extra['configs_line']}", flush=True)  # fmt: skip
+    return winner
+
+
+def check_winner(mk, args, report: Report, base, winner, dtype) -> None:
+    """The table's entry and the grid's winner at each of --check-rows."""
+    for n in [int(r) for r in args.check_rows.split(",") if r]:
+        inputs = random_inputs(args.size, n, args.length, args.max_slots, dtype, args.device)
+        want = reference(inputs, args.n_slots)
+        for path, cfg in (("mma", base), ("mma_check", winner)):
+            row = bench_mma(mk, inputs, want, args.n_slots, cfg, args.device == "cuda", args.replays, False,
+                            args.batch_ms)  # fmt: skip
+            report.add({"rows": n, "path": path, **row})
+        del inputs, want
+        report.save()
+
+
+def print_ranking(timed: dict, base, max_rel_l2: float, top: int = 10) -> None:
+    """The grid's fastest configs, the best first, with what each changes from the table's entry."""
+    ok = sorted(((r["step_us"], c) for c, r in timed.items() if "step_us" in r and r["rel_l2"] <= max_rel_l2),
+                key=lambda t: t[0])  # fmt: skip
+    print(
+        f"grid ranking ({len(ok)} ran within rel. L2 {max_rel_l2:g}, {len(timed) - len(ok)} failed or beyond):"
+    )
+    for rank, (us, cfg) in enumerate(ok[:top], 1):
+        rows = timed[cfg]["rows"]
+        changed = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items() if getattr(base, k) != v)
+        print(
+            f"  {rank:2} {us:8.1f} us {rows * 1e6 / us:8.0f} tok/s  {changed or '(table entry)'}", flush=True
+        )
+
+
+def configs_line(mk, cfg, size: tuple) -> str:
+    """The CONFIGS entry of t2s_layer_mma_triton.py that applies cfg (fields left at their defaults omitted)."""
+    changed = ", ".join(
+        f"{k}={v!r}" for k, v in dataclasses.asdict(cfg).items() if getattr(mk.MmaConfig(), k) != v
+    )
+    n_layer, dim, n_head, ffn_dim, vocab = size
+    return f"CONFIGS = {{({dim}, {ffn_dim}, {n_head}, {vocab}): MmaConfig({changed})}}"
+
+
+def print_row(r: dict, b, n_layer: int) -> None:
+    changed = ", ".join(f"{k}={v}" for k, v in r.get("config", {}).items() if getattr(b, k) != v)
+    if "error" in r:
+        print(f"{r['rows']:4} {r['path']:17} {changed:22} ERROR {r['error'][:80]}", flush=True)
+        return
+    tok_s = r["rows"] * 1e6 / r["step_us"]
+    rel = f"{r['rel_l2']:8.1e}" if "rel_l2" in r else ""
+    print(f"{r['rows']:4} {r['path']:17} {changed:22} {r['step_us']:8.1f} {tok_s:11.0f} {rel:>8}", flush=True)
+    if "prefix_us" in r and r["path"].startswith("mma"):
+        names = list(r["prefix_us"])
+        us = [r["prefix_us"][n] for n in names]
+        parts = [(n.lstrip("+"), b - a) for n, a, b in zip(names[1:5], us, us[1:5])]
+        per_layer = ", ".join(f"{n} {t / n_layer:.2f}" for n, t in [("qkv", us[0]), *parts])
+        print(f"{'':4} {'':17} per layer (us): {per_layer}; head {us[5] - us[4]:.2f}", flush=True)
+    elif "prefix_us" in r:
+        pre = r["prefix_us"]
+        parts = [("qkv", pre["qkv"]), ("attention", pre["+attention"] - pre["qkv"]),
+                 ("ffn", pre["+ffn"] - pre["+attention"])]  # fmt: skip
+        per_layer = ", ".join(f"{name} {us / n_layer:.2f}" for name, us in parts)
+        print(
+            f"{'':4} {'':17} per layer (us): {per_layer}; head {pre['+head'] - pre['+ffn']:.2f}", flush=True
+        )
 
 
 def meta(args) -> dict:
