@@ -1,12 +1,19 @@
-"""English text normalisation: numbers, money, times, units, fractions (upstream en_normalization)."""
+"""English text normalisation: numbers, money, times, units, fractions (upstream en_normalization).
+
+inflect reads numbers out; it is imported on the first text with a digit, not with this module: its
+import takes ~2.4 s (typeguard's @typechecked recompiles its methods from source), which text without
+numbers need not pay. `load_number_reader` imports it up front (the model's load-time warm-up does).
+"""
 
 from __future__ import annotations
 
 import functools
 import re
 import unicodedata
+from typing import TYPE_CHECKING
 
-import inflect
+if TYPE_CHECKING:
+    import inflect
 
 _UNITS = {
     "m": ("meter", "meters"),
@@ -43,7 +50,14 @@ _NEGATIVE_RE = re.compile(r"(?:^|\s+)(-)(\d+)")
 
 @functools.cache
 def _engine() -> inflect.engine:
+    import inflect
+
     return inflect.engine()
+
+
+def load_number_reader() -> None:
+    """Import inflect and run it once now, instead of on the first text with a digit."""
+    _engine().number_to_words(12)
 
 
 def _currency(amount: str, units: tuple[str, str, str, str], default_unit: str) -> str:
