@@ -18,8 +18,8 @@ on CUDA one sentence through both paths; `warm_up` in the JSON), the peak GPU me
 first request after load (what the warm-up left to pay), the first request with a voice never seen (its
 reference computed), then per mode and text the first run (a text length never seen) and the warm time
 to the first AudioChunk of `model.stream` (median of --reps after --warmups), where the short text's
-first chunk spends its time (`first_chunk_stages`: one more request, synced per stage: T2S with the
-text frontend, SoVITS encoder, CFM, vocoder; the graph profiles replay the CFM and vocoder from
+first chunk spends its time (`first_chunk_stages`: one more request, synced per stage: text frontend,
+T2S prefill, the first window's decode steps, SoVITS encoder, CFM, vocoder; the graph profiles replay the CFM and vocoder from
 acoustic graphs), and the peak GPU memory over the whole profile. A later profile shares process-wide caches (cuBLAS handles, cuDNN plans, the
 frontend's dictionaries) with earlier ones; the clean cold figure is the subprocess one: process start
 to first audio of a request naming its voice (no default voice, no chain warm-up), in a fresh
@@ -185,24 +185,34 @@ def text_stats(model, voice, text: str, window: int | None, args) -> dict:
 def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dict:
     """Where the first chunk's time goes: one extra request (not among the timed ones) with a device
     sync around each stage of the streamed chain. Ms from the request to the first SoVITS encoder call
-    (text frontend, reference lookup, T2S prefill and the first window's tokens), then the first chunk's
-    SoVITS encoder, CFM and vocoder calls (graph replays where the model has acoustic graphs), and the
-    rest (joins, copies, Python). The syncs add a little: `first_audio_ms` here is not the timed figure."""
+    (`t2s_and_text_ms`: text frontend, reference lookup, T2S prefill and the first window's tokens), split
+    into the text frontend (`text_ms`: g2p and BERT of the sentences read before the first chunk), the T2S
+    prefill (`prefill_ms`: the graph decoder's row load, or the eager `encode_prompt`), the first window's
+    decode steps (`first_window_ms`: from the prefill's end to the first encoder call) and the rest
+    (`t2s_other_ms`: reference lookup, request assembly); then the first chunk's SoVITS encoder, CFM and
+    vocoder calls (graph replays where the model has acoustic graphs), and the rest (joins, copies,
+    Python). The syncs add a little: `first_audio_ms` here is not the timed figure."""
     from voicehub.models.gpt_sovits import streaming
 
     pipe = model.pipeline
     graphs = pipe.acoustic_graphs
-    spans: dict[str, float] = {"encoder": 0.0, "cfm": 0.0, "vocoder": 0.0}
-    starts: list[float] = []
+    decoder = pipe.t2s_decoder
+    spans: dict[str, float] = {"encoder": 0.0, "cfm": 0.0, "vocoder": 0.0, "text": 0.0, "prefill": 0.0}
+    starts: list[float] = []  # acoustic stages' start times
+    prefill_ends: list[float] = []
 
     def timed(name: str, fn):
         def wrapper(*args, **kwargs):
             sync(device)
             t = time.perf_counter()
-            starts.append(t)
+            if name not in ("text", "prefill"):
+                starts.append(t)
             out = fn(*args, **kwargs)
             sync(device)
-            spans[name] += time.perf_counter() - t
+            end = time.perf_counter()
+            spans[name] += end - t
+            if name == "prefill":
+                prefill_ends.append(end)
             return out
 
         return wrapper
@@ -214,6 +224,12 @@ def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dic
     if graphs is not None:  # the streamed path encodes through the graphs (encoder_graphs.py)
         graphs.encode = timed("encoder", graphs.encode)
     owner.solve, owner.vocode = timed("cfm", saved["solve"]), timed("vocoder", saved["vocode"])
+    pipe.text_features = timed("text", pipe.text_features)
+    if decoder is not None:  # decode_iter loads the row through the instance attribute
+        decoder._load_row = timed("prefill", decoder._load_row)
+    else:  # the eager step-wise decode prefills through streaming's encode_prompt
+        saved["encode_prompt"] = streaming.encode_prompt
+        streaming.encode_prompt = timed("prefill", saved["encode_prompt"])
     try:
         sync(device)
         t0 = time.perf_counter()
@@ -223,20 +239,29 @@ def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dic
         total = time.perf_counter() - t0
         chunks.close()
     finally:
-        del pipe.sovits.decode_encp
+        del pipe.sovits.decode_encp, pipe.text_features
+        if decoder is not None:
+            del decoder._load_row
+        else:
+            streaming.encode_prompt = saved["encode_prompt"]
         if graphs is not None:
             del graphs.solve, graphs.vocode, graphs.encode
         else:
             streaming.solve, streaming.vocode = saved["solve"], saved["vocode"]
     ms = {k: v * 1e3 for k, v in spans.items()}
     to_encoder = (starts[0] - t0) * 1e3 if starts else float("nan")
+    first_window = (starts[0] - prefill_ends[0]) * 1e3 if starts and prefill_ends else float("nan")
     return {
         "first_audio_ms": total * 1e3,
         "t2s_and_text_ms": to_encoder,
+        "text_ms": ms["text"],
+        "prefill_ms": ms["prefill"],
+        "first_window_ms": first_window,
+        "t2s_other_ms": to_encoder - ms["text"] - ms["prefill"] - first_window,
         "encoder_ms": ms["encoder"],
         "cfm_ms": ms["cfm"],
         "vocoder_ms": ms["vocoder"],
-        "other_ms": total * 1e3 - to_encoder - sum(ms.values()),
+        "other_ms": total * 1e3 - to_encoder - ms["encoder"] - ms["cfm"] - ms["vocoder"],
         "acoustic_graphs": graphs is not None,
     }
 
@@ -438,9 +463,12 @@ def profile_lines(row: dict) -> list[str]:
     if "first_audio_ms" in stages:
         parts = " ".join(f"{k.removesuffix('_ms')} {stages[k]:.1f}" for k in
                          ("t2s_and_text_ms", "encoder_ms", "cfm_ms", "vocoder_ms", "other_ms"))  # fmt: skip
+        t2s = " ".join(f"{k.removesuffix('_ms')} {stages.get(k, nan):.1f}" for k in
+                       ("text_ms", "prefill_ms", "first_window_ms", "t2s_other_ms"))  # fmt: skip
         lines.append(
             f"{'':8} first chunk, short, synced stages (ms): {parts}; total {stages['first_audio_ms']:.1f}"
         )
+        lines.append(f"{'':8}   of which t2s_and_text (ms): {t2s}")
     return lines
 
 
