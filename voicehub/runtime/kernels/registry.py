@@ -41,6 +41,12 @@ T2S_EMBED_STACK = "t2s_embed_layer_stack"
 T2S_SAMPLE_STEP = (
     "t2s_sample_step"  # f(logits, q, buf, state, lengths, *, eos, n_blocked, max_steps) -> tokens
 )
+# The DiT block's elementwise ops (signatures in dit_block.py):
+DIT_MODULATED_NORM = "dit_modulated_norm"  # f(x, shift, scale, eps) -> LayerNorm(x) * (1 + scale) + shift
+DIT_RESIDUAL_NORM = "dit_residual_norm"  # f(x, y, gate, mask, shift, scale, eps) -> (r, modulated norm of r)
+DIT_GATED_RESIDUAL = "dit_gated_residual"  # f(x, y, gate) -> x + gate * y
+DIT_ROPE = "dit_rope"  # f(q, k, cos, sin) -> (q, k) with the first head rotated (may write q, k)
+DIT_ATTENTION_BIAS = "dit_attention_bias"  # f(mask, dtype) -> [B, 1, 1, N] additive attention mask
 
 
 class KernelUnavailableError(VoiceHubError, RuntimeError):
@@ -92,6 +98,27 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.sample_step_triton:sample_step_triton",
             }
         ),
+        **{
+            op: MappingProxyType(
+                {
+                    Backend.TORCH: f"{_PKG}.dit_block:{name}_reference",
+                    Backend.TRITON: f"{_PKG}.dit_block_triton:{name}_triton",
+                }
+            )
+            for op, name in (
+                (DIT_MODULATED_NORM, "modulated_norm"),
+                (DIT_RESIDUAL_NORM, "residual_norm"),
+                (DIT_GATED_RESIDUAL, "gated_residual"),
+                (DIT_ROPE, "rope"),
+            )
+        },
+        # One tiny torch op on [B, N] per forward: a kernel of our own would save nothing.
+        DIT_ATTENTION_BIAS: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.dit_block:attention_bias_reference",
+                Backend.TRITON: f"{_PKG}.dit_block:attention_bias_reference",
+            }
+        ),
     }
 )
 # The definition of each op, against which every backend is tested.
@@ -104,6 +131,11 @@ _REFERENCES = MappingProxyType(
         T2S_LAYER_STACK_ROWS: f"{_PKG}.t2s_layer:decode_stack_reference",
         T2S_EMBED_STACK: f"{_PKG}.t2s_layer:embed_stack_reference",
         T2S_SAMPLE_STEP: f"{_PKG}.sample_step:sample_step_reference",
+        DIT_MODULATED_NORM: f"{_PKG}.dit_block:modulated_norm_reference",
+        DIT_RESIDUAL_NORM: f"{_PKG}.dit_block:residual_norm_reference",
+        DIT_GATED_RESIDUAL: f"{_PKG}.dit_block:gated_residual_reference",
+        DIT_ROPE: f"{_PKG}.dit_block:rope_reference",
+        DIT_ATTENTION_BIAS: f"{_PKG}.dit_block:attention_bias_reference",
     }
 )
 MIN_TRITON = (3, 2)  # tl.gather, used by the anti-aliased Snake kernel
