@@ -3,11 +3,13 @@ built when the model loads, and a first request builds nothing more (tiny `make-
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
 
 from voicehub.models.gpt_sovits import Voice, load
-from voicehub.models.gpt_sovits.warmup import voice_languages
+from voicehub.models.gpt_sovits.warmup import LoadTimeline, voice_languages
 from voicehub.text.frontend import TextFrontend
 
 KW = dict(seed=0, force_n_tokens=8, speed=1.0)
@@ -77,3 +79,48 @@ def test_an_unknown_default_voice_name_is_left_to_requests(tiny_set, built, capl
 def test_voice_languages(reference_wav, prompt, language, expect):  # noqa: F811
     assert voice_languages(Voice(reference_wav, prompt, language)) == expect
     assert voice_languages(None) == ([], ["en"])
+
+
+# The main thread's phases of a CPU load with a default voice, in order (no graphs on the CPU).
+MAIN_PHASES = ["import_transformers", "weights.t2s", "weights.sovits", "weights.bigvgan", "weights.hubert",
+               "weights.bert", "t2s_decoder_build", "wait_text", "optimization_apply", "voice.reference",
+               "wait_text_deferred"]  # fmt: skip
+
+
+def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, reference_wav, monkeypatch):  # noqa: F811
+    from voicehub.text.en import g2p as english
+
+    steps: list[str] = []
+    load_deferred = english.EnglishG2P.load_deferred
+
+    def recording():
+        steps.append("start")
+        load_deferred()
+        steps.append("done")
+
+    monkeypatch.setattr(english.EnglishG2P, "load_deferred", staticmethod(recording))
+    model = load(tiny_set, default_voice=Voice(reference_wav, REFERENCE_TEXT, "en"))
+    assert steps == ["start", "done"]  # inflect and wordsegment read during the load, not by a request
+    info = json.loads(json.dumps(model.describe()["warm_up"]["load"]))  # JSON-ready
+    seconds, starts = info["timeline_s"], info["timeline_start_s"]
+    assert set(MAIN_PHASES) | {"text_thread.en", "text_thread.en_deferred"} <= set(seconds)
+    assert all(seconds[name] >= 0 for name in seconds)
+    main = [name for name in seconds if not name.startswith("text_thread.")]
+    assert [name for name in main if name in MAIN_PHASES] == MAIN_PHASES  # ordered by start
+    for before, after in zip(main, main[1:]):  # the main thread's phases do not overlap
+        assert starts[before] + seconds[before] <= starts[after] + 1e-3, (before, after)
+    assert sum(seconds[name] for name in main) <= info["total_s"] + 1e-3
+    # one text thread: the deferred parts after the languages
+    assert starts["text_thread.en_deferred"] >= starts["text_thread.en"] + seconds["text_thread.en"] - 1e-3
+    assert info["text_deferred_s"] >= seconds["text_thread.en_deferred"] - 1e-3
+
+
+def test_a_timeline_syncs_before_it_stamps_a_phase_end():
+    calls: list[str] = []
+    timeline = LoadTimeline(sync=lambda: calls.append("sync"))
+    with timeline.phase("gpu"):
+        calls.append("work")
+    with timeline.phase("text_thread.en", sync=False):
+        pass
+    assert calls == ["work", "sync"]
+    assert list(timeline.info()["timeline_s"]) == ["gpu", "text_thread.en"]

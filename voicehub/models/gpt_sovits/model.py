@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,13 @@ from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, import_transformers
 from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, load_t2s
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
-from voicehub.models.gpt_sovits.warmup import voice_languages, warm_text, warm_voice
+from voicehub.models.gpt_sovits.warmup import (
+    LoadTimeline,
+    voice_languages,
+    warm_text,
+    warm_text_deferred,
+    warm_voice,
+)
 from voicehub.optimization.apply import OptimizationResult
 from voicehub.optimization.config import OptimizationContext, TTSOptimizationConfig
 from voicehub.runtime.cuda_graphs import GraphPreset
@@ -81,22 +87,31 @@ def build_pipeline(
     cache: ReferenceCache | None = None,
     cuda_graph_preset: GraphPreset = GraphPreset.OFF,
     capture_graphs: bool = True,
+    timeline: LoadTimeline | None = None,
 ) -> Pipeline:
     """Read every file through its strict loader and assemble the pipeline on `device` in `dtype`.
 
     frontend: the text frontend to use (default: `build_frontend(files)`, pypinyin polyphones).
     cuda_graph_preset: full/minimal/lazy decode T2S through graphs on CUDA; off keeps the eager path.
     capture_graphs: False leaves the graph decoder uncaptured (see `build_t2s_decoder`).
+    timeline: where each file's load is timed (`weights.*` phases).
     """
-    t2s, t2s_config = load_t2s(files.gpt, device, dtype)
-    # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
-    sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base, device=device, dtype=dtype)
-    vocoder = load_bigvgan(files.bigvgan, device=device, dtype=dtype)
-    hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
-    bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
+    phase = (timeline if timeline is not None else LoadTimeline()).phase
+    with phase("weights.t2s"):
+        t2s, t2s_config = load_t2s(files.gpt, device, dtype)
+    with phase("weights.sovits"):
+        # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
+        sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base, device=device, dtype=dtype)
+    with phase("weights.bigvgan"):
+        vocoder = load_bigvgan(files.bigvgan, device=device, dtype=dtype)
+    with phase("weights.hubert"):
+        hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
+    with phase("weights.bert"):
+        bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
     frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
-    decoder = build_t2s_decoder(t2s, t2s_config, device, cuda_graph_preset, capture=capture_graphs)
+    with phase("t2s_decoder_build"):
+        decoder = build_t2s_decoder(t2s, t2s_config, device, cuda_graph_preset, capture=capture_graphs)
     # The streamed CFM pieces and vocoder windows replay graphs on CUDA too; the warm-up captures them.
     acoustic = build_acoustic_graphs(sovits.cfm.estimator, vocoder, cuda_graph_preset, device)
     return Pipeline(
@@ -224,32 +239,55 @@ class GptSovitsModel(TTSModel):
 
     def _load(self) -> None:
         # Each first-use cost is paid once, here (warmup.py): the text frontend is built on a thread while
-        # the weights load (mostly Python against mostly I/O and copies); a load-time optimization config
-        # is applied before the T2S graphs are captured and before anything runs, so its kernels are the
-        # ones captured and warmed up; then the default voice warms up.
+        # the weights load (mostly Python against mostly I/O and copies), and the same thread then reads
+        # what only some text needs while the main thread goes on; a load-time optimization config is
+        # applied before the T2S graphs are captured and before anything runs, so its kernels are the
+        # ones captured and warmed up; then the default voice warms up. `warm_up_info["load"]` keeps the
+        # timeline: each phase's seconds (main thread, and the text thread's `text_thread.*`, which overlap).
+        timeline = LoadTimeline(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         voice = self._load_time_voice()
-        import_transformers()  # before the thread: two threads importing big packages could meet in a cycle
+        with timeline.phase("import_transformers"):
+            import_transformers()  # before the thread: two threads importing big packages could meet in a cycle
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-text-warm-up") as pool:
-            text = pool.submit(warm_text, self.frontend, *voice_languages(voice))
-            pipe = build_pipeline(
-                self.files,
-                self.device,
-                self.dtype,
-                self.frontend,
-                self.reference_cache,
-                self.cuda_graph_preset,
-                capture_graphs=False,
-            )
+            text = pool.submit(warm_text, self.frontend, *voice_languages(voice), timeline)
+            # One worker: this runs after warm_text, so text.result() is there without waiting.
+            deferred = pool.submit(lambda: warm_text_deferred(self.frontend, text.result()["g2p"], timeline))
+            try:
+                warmed = self._load_pipeline(timeline, text)
+                warmed.update(warm_voice(self._pipeline, voice, timeline))
+                with timeline.phase("wait_text_deferred"):
+                    warmed.update(deferred.result())
+            except BaseException:
+                deferred.cancel()  # a failed load does not wait for what only requests would have needed
+                raise
+        self.warm_up_info = {"load": {**warmed, **timeline.info()}}
+
+    def _load_pipeline(self, timeline: LoadTimeline, text: Future) -> dict[str, Any]:
+        """Weights, the frontend from the text thread, a load-time optimization, the T2S graphs; returns
+        warm_text's report."""
+        pipe = build_pipeline(
+            self.files,
+            self.device,
+            self.dtype,
+            self.frontend,
+            self.reference_cache,
+            self.cuda_graph_preset,
+            capture_graphs=False,
+            timeline=timeline,
+        )
+        with timeline.phase("wait_text"):
             warmed = text.result()
         self._pipeline = pipe  # the transforms reach the weights through self.pipeline
         try:
-            self.apply_pending_optimization()  # rolled back and still pending if it raises
+            with timeline.phase("optimization_apply"):
+                self.apply_pending_optimization()  # rolled back and still pending if it raises
         except BaseException:
             self._pipeline = None  # a failed load-time config fails the load; the next use tries again
             raise
         if pipe.t2s_decoder is not None:
-            capture_t2s_graphs(pipe.t2s_decoder, self.cuda_graph_preset)
-        self.warm_up_info = {"load": {**warmed, **warm_voice(pipe, voice)}}
+            with timeline.phase("t2s_graph_capture"):
+                capture_t2s_graphs(pipe.t2s_decoder, self.cuda_graph_preset)
+        return warmed
 
     def _load_time_voice(self) -> Voice | None:
         """The default voice if it resolves now; a registry name not there yet is left to requests."""

@@ -1,10 +1,13 @@
 """Load-time warm-up of GPT-SoVITS v3: first-use costs are paid when the model loads, not in a request.
 
 What a first request would otherwise pay, and where it moves:
-- the text frontend of each language (English loads its pronunciation dictionary, tokenizer, word
-  segmenter and GRU in ~5 s; Chinese its jieba dictionary in ~1.5 s): built and run on a short text
-  with numbers for the languages of the default voice's transcript, and English (every language mode
-  reads Latin letters as English, and requests default to `auto`), while the weights load;
+- the text frontend of each language (English reads its pronunciation dictionary and GRU in ~0.3 s from
+  the on-disk table cache; Chinese its jieba dictionary in ~1.5 s): built and run on a short text for the
+  languages of the default voice's transcript, and English (every language mode reads Latin letters as
+  English, and requests default to `auto`), on a thread while the weights load; the same thread then
+  reads what only some text needs (English: inflect for numbers ~2.4 s, wordsegment ~0.5 s), while the
+  main thread applies optimizations, captures graphs and warms the voice; the load waits for it at the
+  end, so a first request pays neither;
 - the default voice's reference features (HuBERT, the quantizer, SoVITS's reference encoder): computed
   into the reference cache (Chinese transcripts run BERT there);
 - on CUDA with a capturing graph preset: the streamed path's SoVITS encoder, CFM and vocoder graphs that
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from voicehub.errors import MissingDependencyError
@@ -35,9 +40,10 @@ from voicehub.text.options import Language
 
 log = logging.getLogger("voicehub.models.gpt_sovits")
 
-# g2p language -> (a short text with a number, whose reader also loads lazily; the mode that reads it)
+# g2p language -> (a short text, the mode that reads it); English's has no digit and no unknown word: its
+# number reader and word segmenter are read by `warm_text_deferred`, after the other languages.
 WARM_TEXTS = {
-    "en": ("At 12:30 the 3 apples cost $4.50.", Language.EN),
+    "en": ("The three apples cost four dollars.", Language.EN),
     "zh": ("今天是2024年1月1日，天气很好。", Language.ALL_ZH),
     "ja": ("今日は1月1日です。", Language.ALL_JA),
     "ko": ("오늘은 1월 1일입니다.", Language.ALL_KO),
@@ -45,6 +51,39 @@ WARM_TEXTS = {
 }
 WARM_CHUNK_TOKENS = COMMON_CHUNK_TOKENS[0]  # the streamed warm-up's windows: the shapes requests use
 WARM_TOKENS = 2 * WARM_CHUNK_TOKENS  # semantic tokens of the GPU warm-up sentence: a first and a next window
+
+
+class LoadTimeline:
+    """Wall-clock phases of one model load, JSON-ready through `info()`.
+
+    sync: called before a phase's end is stamped (CUDA: synchronize), so queued GPU work is billed to the
+    phase that queued it. Phases of the text thread pass sync=False and overlap the main thread's.
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None):
+        self._sync = sync
+        self._t0 = time.perf_counter()
+        self._spans: dict[str, tuple[float, float]] = {}  # name -> (start, end), seconds since the load began
+
+    @contextmanager
+    def phase(self, name: str, sync: bool = True) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if sync and self._sync is not None:
+                self._sync()
+            self._spans[name] = (start - self._t0, time.perf_counter() - self._t0)
+
+    def info(self) -> dict[str, Any]:
+        """{"timeline_s": name -> seconds, "timeline_start_s": name -> seconds after the load began,
+        "total_s": the load so far}, in the order the phases began."""
+        spans = sorted(self._spans.items(), key=lambda item: item[1][0])
+        return {
+            "timeline_s": {name: round(end - start, 4) for name, (start, end) in spans},
+            "timeline_start_s": {name: round(start, 4) for name, (start, _) in spans},
+            "total_s": round(time.perf_counter() - self._t0, 4),
+        }
 
 
 def voice_languages(voice: Voice | None) -> tuple[list[str], list[str]]:
@@ -57,16 +96,20 @@ def voice_languages(voice: Voice | None) -> tuple[list[str], list[str]]:
     return sorted(needed), sorted({"en"} - needed)
 
 
-def warm_text(frontend: TextFrontend, needed: list[str], optional: list[str]) -> dict[str, Any]:
+def warm_text(
+    frontend: TextFrontend, needed: list[str], optional: list[str], timeline: LoadTimeline | None = None
+) -> dict[str, Any]:
     """Build and run the frontend of each language (it needs no weights: the model runs this while its
     weights load). A needed language whose packages are missing raises (the voice cannot speak
     without it); an optional one is logged. Returns {"g2p": languages built, "text_s": seconds}."""
     t0 = time.perf_counter()
+    timeline = timeline if timeline is not None else LoadTimeline()
     built = []
     for language in [*needed, *optional]:
         text, mode = WARM_TEXTS[language]
         try:
-            frontend.segments(text, mode)
+            with timeline.phase(f"text_thread.{language}", sync=False):
+                frontend.segments(text, mode)
         except MissingDependencyError as exc:
             if language in needed:
                 raise
@@ -76,6 +119,22 @@ def warm_text(frontend: TextFrontend, needed: list[str], optional: list[str]) ->
             continue
         built.append(language)
     return {"g2p": built, "text_s": time.perf_counter() - t0}
+
+
+def warm_text_deferred(
+    frontend: TextFrontend, languages: list[str], timeline: LoadTimeline | None = None
+) -> dict[str, Any]:
+    """Read what only some text needs, for the built `languages` whose g2p reads parts on first use
+    (a `load_deferred()` method: English's number reader and word segmenter). Returns
+    {"text_deferred_s": seconds}."""
+    t0 = time.perf_counter()
+    timeline = timeline if timeline is not None else LoadTimeline()
+    for language in languages:
+        load = getattr(frontend.g2p(language), "load_deferred", None)  # optional in the G2P protocol
+        if load is not None:
+            with timeline.phase(f"text_thread.{language}_deferred", sync=False):
+                load()
+    return {"text_deferred_s": time.perf_counter() - t0}
 
 
 def warm_chain(pipe: Pipeline, voice: Voice) -> None:
@@ -92,20 +151,26 @@ def warm_chain(pipe: Pipeline, voice: Voice) -> None:
         pass
 
 
-def warm_voice(pipe: Pipeline, voice: Voice | None) -> dict[str, Any]:
+def warm_voice(pipe: Pipeline, voice: Voice | None, timeline: LoadTimeline | None = None) -> dict[str, Any]:
     """The voice's reference into the cache, on CUDA the acoustic graphs the preset captures at load and
-    the chain; returns what was done and the seconds."""
+    the chain; returns what was done and the seconds (each part also a `voice.*` phase of `timeline`)."""
     t0 = time.perf_counter()
+    timeline = timeline if timeline is not None else LoadTimeline()
     report: dict[str, Any] = {
         "reference": voice is not None,
         "chain": voice is not None and pipe.device.type == "cuda",
     }
-    ref = pipe.reference(voice) if voice is not None else None
+    ref = None
+    if voice is not None:
+        with timeline.phase("voice.reference"):
+            ref = pipe.reference(voice)
     if pipe.acoustic_graphs is not None:
         t1 = time.perf_counter()
         prompt_frames = ref.acoustic.fea.shape[2] if ref is not None else None
-        captured = pipe.acoustic_graphs.capture_at_load(prompt_frames, encoder=pipe.sovits)
+        with timeline.phase("voice.acoustic_graph_capture"):
+            captured = pipe.acoustic_graphs.capture_at_load(prompt_frames, encoder=pipe.sovits)
         report["acoustic_graphs"] = {**captured, "seconds": time.perf_counter() - t1}
     if report["chain"]:
-        warm_chain(pipe, voice)
+        with timeline.phase("voice.chain"):
+            warm_chain(pipe, voice)
     return {**report, "voice_s": time.perf_counter() - t0}
