@@ -345,6 +345,16 @@ def child(args) -> None:
     row["warm_up"] = getattr(model, "warm_up_info", None)
     row.update(first_audio(model, voice, TEXTS["short"], args.device, args.stream_window))
     stamps["first_audio"] = time.time()
+    # The same request again (after the stamps): the first request's cost over a warm one in a fresh
+    # process (first execution of Python paths, GPU clocks after a CPU-bound load), and where it goes.
+    row["second_request"] = first_audio(model, voice, TEXTS["short"], args.device, args.stream_window)
+    if args.stream_window is not None:
+        try:
+            row["third_request_stages"] = first_chunk_stages(
+                model, voice, TEXTS["short"], args.device, args.stream_window
+            )
+        except Exception:
+            row["third_request_stages"] = {"error": traceback.format_exc(limit=4)}
     row.update(stamps=stamps, memory=memory(args.device))
     print("CHILD " + json.dumps(row), flush=True)
 
@@ -489,6 +499,13 @@ def table(result: dict) -> str:
         parts = " ".join(f"{k} {v:.2f}" for k, v in (row.get("breakdown_s") or {}).items())
         lines.append(f"process start to first audio ({st.get('profile')}, {kind} caches): "
                      + (f"{value:.2f} s ({parts})" if value is not None else "error"))  # fmt: skip
+        if "second_request" in row:
+            stages = row.get("third_request_stages") or {}
+            split = " ".join(
+                f"{k.removesuffix('_ms')} {v:.1f}" for k, v in stages.items() if k.endswith("_ms")
+            )
+            lines.append(f"{'':8} first request {row.get('first_audio_ms', float('nan')):.1f} ms, second "
+                         f"{row['second_request']['first_audio_ms']:.1f} ms; third, synced: {split}")  # fmt: skip
     return "\n".join(lines)
 
 
