@@ -1,12 +1,14 @@
 """The optimization layer's transforms for GPT-SoVITS v3: named, reversible, applied from outside.
 
-`kernel_backend` torch / triton routes BigVGAN's anti-aliased Snake through the kernel registry's
-implementation on that backend (`BigVGAN.set_activation_kernel`); triton also runs the T2S graph
-decoder's layers through the registry's fused T2S_LAYER_STACK (T2S_LAYER_STACK_ROWS where an engine
-batches many streams: `StepKernels.for_rows`) and its sampling and state updates
-through T2S_SAMPLE_STEP (`Pipeline.set_t2s_step_kernels`; the
-eager reference path, used on the CPU and with cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model
-code never picks a kernel: it calls whatever function its instance holds.
+`kernel_backend` torch / triton routes, through the kernel registry's implementations on that backend:
+BigVGAN's anti-aliased Snake (`BigVGAN.set_activation_kernel`) and the CFM DiT's block ops, with q/k/v
+as one GEMM over packed weights and the attention mask made once per forward (`DiT.set_kernels`; torch
+runs the ops' definitions, triton fused kernels). Triton also runs the T2S graph decoder's layers
+through the fused T2S_LAYER_STACK (T2S_LAYER_STACK_ROWS where an engine batches many streams:
+`StepKernels.for_rows`) and its sampling and state updates through T2S_SAMPLE_STEP
+(`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and with
+cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model code
+never picks a kernel: it calls whatever function its instance holds.
 The CFM schedule and step cache and compile are in techniques.py. Techniques that the family's
 capability record declares but that have no transform yet get a placeholder whose `validate()`
 raises `OptimizationNotImplementedError` (a second guard: resolution already refuses an explicit
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from voicehub.models.gpt_sovits.cfm.dit import DiTKernels
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
 from voicehub.models.gpt_sovits.techniques import technique_transforms
 from voicehub.optimization.config import KernelBackend
@@ -32,6 +35,22 @@ if TYPE_CHECKING:
 
 Undo = Callable[[], None]
 KERNEL_BACKENDS = (KernelBackend.TORCH, KernelBackend.TRITON)  # the backends with a transform here
+DIT_OPS = (
+    registry.DIT_MODULATED_NORM, registry.DIT_RESIDUAL_NORM, registry.DIT_GATED_RESIDUAL, registry.DIT_ROPE,
+    registry.DIT_ATTENTION_BIAS,
+)  # fmt: skip
+
+
+def dit_kernels(kernels: dict[str, Callable]) -> DiTKernels:
+    """The DiT's kernel set from resolved registry ops (DIT_OPS), q/k/v packed into one GEMM."""
+    return DiTKernels(
+        modulated_norm=kernels[registry.DIT_MODULATED_NORM],
+        residual_norm=kernels[registry.DIT_RESIDUAL_NORM],
+        gated_residual=kernels[registry.DIT_GATED_RESIDUAL],
+        rope=kernels[registry.DIT_ROPE],
+        attention_bias=kernels[registry.DIT_ATTENTION_BIAS],
+        is_qkv_packed=True,
+    )
 
 
 @dataclass
@@ -56,9 +75,9 @@ class KernelBackendTransform:
         if self.backend is KernelBackend.TRITON:
             return (
                 registry.ANTI_ALIAS_SNAKE, registry.T2S_LAYER_STACK, registry.T2S_LAYER_STACK_ROWS,
-                registry.T2S_SAMPLE_STEP,
+                registry.T2S_SAMPLE_STEP, *DIT_OPS,
             )  # fmt: skip
-        return (registry.ANTI_ALIAS_SNAKE,)
+        return (registry.ANTI_ALIAS_SNAKE, *DIT_OPS)
 
     def validate(self) -> None:
         """Raise, changing nothing, when the backend cannot run an op on the model's device."""
@@ -72,25 +91,29 @@ class KernelBackendTransform:
     def apply(self) -> Undo:
         kernels = {op: registry.resolve(op, self.backend.value, self.model.device) for op in self.ops}
         pipe = self.model.pipeline  # reads the weights now if the model is lazy
-        previous = pipe.vocoder.set_activation_kernel(kernels[registry.ANTI_ALIAS_SNAKE])
-        undos: list[Undo] = [lambda: pipe.vocoder.set_activation_kernel(previous)]
-        if registry.T2S_LAYER_STACK in kernels and pipe.t2s_decoder is not None:
-            step = StepKernels(
-                layer_stack=kernels[registry.T2S_LAYER_STACK],
-                layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
-                sampler=kernels[registry.T2S_SAMPLE_STEP],
-            )
-            try:
-                previous_step = pipe.set_t2s_step_kernels(step)
-            except BaseException:
-                undos[0]()  # atomic: undo the vocoder swap before re-raising
-                raise
-            undos.append(lambda: pipe.set_t2s_step_kernels(previous_step))
+        undos: list[Undo] = []
 
         def undo() -> None:
             for u in reversed(undos):
                 u()
 
+        try:  # atomic: a failure undoes the swaps made so far before re-raising
+            previous = pipe.vocoder.set_activation_kernel(kernels[registry.ANTI_ALIAS_SNAKE])
+            undos.append(lambda: pipe.vocoder.set_activation_kernel(previous))
+            if registry.T2S_LAYER_STACK in kernels and pipe.t2s_decoder is not None:
+                step = StepKernels(
+                    layer_stack=kernels[registry.T2S_LAYER_STACK],
+                    layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
+                    sampler=kernels[registry.T2S_SAMPLE_STEP],
+                )
+                previous_step = pipe.set_t2s_step_kernels(step)
+                undos.append(lambda: pipe.set_t2s_step_kernels(previous_step))
+            dit = pipe.sovits.cfm.estimator
+            previous_dit = dit.set_kernels(dit_kernels(kernels))
+            undos.append(lambda: dit.set_kernels(previous_dit))
+        except BaseException:
+            undo()
+            raise
         return undo
 
 

@@ -13,22 +13,59 @@ A `mask` [B, N] (True on valid frames) lets rows of different lengths share a ri
 attention ignores padded keys, and every layer that mixes frames (the depthwise and positional
 convolutions, GRN's norm over frames) sees zeros there, as the unpadded row sees its zero padding,
 so a valid frame's output does not depend on the padding (up to float rounding).
+
+The block's elementwise ops (adaLN modulation, gated residuals, rotary embedding, the attention
+mask) are named kernel ops (voicehub/runtime/kernels/dit_block.py); the DiT calls the functions of
+the `DiTKernels` it holds, by default the ops' torch definitions, which are its own code. Only an
+optimization transform swaps them (`set_kernels`), e.g. for fused Triton kernels.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from voicehub.models.gpt_sovits.cfm.schedule import BlockReuse, Schedule, StepCache, uniform_steps
+from voicehub.runtime.kernels.dit_block import (
+    gated_residual_reference,
+    modulated_norm_reference,
+    residual_norm_reference,
+    rope_first_head,
+    rope_reference,
+)
 
 FREQ_EMBED_DIM = 256  # sinusoidal width of the step embeddings
 TEXT_MAX_POS = 4096  # positions precomputed for the text-side sinusoid (~44 s at 24 kHz)
 CONV_POS_KERNEL = 31
 CONV_POS_GROUPS = 16
+
+# The rotation of x [B, N, C]'s first head, under the name callers of the model know.
+apply_rope_first_head = rope_first_head
+
+
+@dataclass(frozen=True)
+class DiTKernels:
+    """What a DiT runs for its block ops (signatures: voicehub/runtime/kernels/dit_block.py).
+
+    The defaults are the model's own code. `attention_bias` None: each block hands SDPA the boolean
+    mask expanded to [B, heads, N, N] (SDPA converts it per call); a function: the forward makes the
+    additive bias once. `is_qkv_packed`: q, k, v come from one GEMM over the three projections'
+    weights, packed into one buffer that the projections' parameters view (names unchanged)."""
+
+    modulated_norm: Callable = modulated_norm_reference
+    residual_norm: Callable = residual_norm_reference
+    gated_residual: Callable = gated_residual_reference
+    rope: Callable = rope_reference
+    attention_bias: Callable | None = None
+    is_qkv_packed: bool = False
+
+
+NATIVE_KERNELS = DiTKernels()
 
 
 def sinusoid_table(dim: int, n_pos: int, theta: float = 10000.0) -> torch.Tensor:
@@ -158,15 +195,6 @@ class RotaryEmbedding(nn.Module):
         return angles.cos(), angles.sin()
 
 
-def apply_rope_first_head(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first cos.shape[-1] channels of x [B, N, C] in interleaved pairs; rest unchanged."""
-    rot = cos.shape[-1]
-    head, rest = x[..., :rot].float(), x[..., rot:]
-    pairs = head.unflatten(-1, (-1, 2))
-    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    return torch.cat(((head * cos + rotated * sin).to(x.dtype), rest), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int):
         super().__init__()
@@ -176,19 +204,57 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(dim, inner)
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
+        self.kernels = NATIVE_KERNELS
+        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # packed weight, bias (`pack_qkv`)
 
-    def forward(self, x, rope, mask=None):
-        # x: [B, N, D], rope: (cos, sin) [N, dim_head], mask: [B, N] bool or None (all valid)
+    def forward(self, x, rope, mask=None, bias=None):
+        # x: [B, N, D], rope: (cos, sin) [N, dim_head], mask: [B, N] bool or None (all valid),
+        # bias: [B, 1, 1, N] additive mask made once per forward, or None -> [B, N, D] (padded frames
+        # not zeroed: the residual op does that)
         b, n, _ = x.shape
-        cos, sin = rope
-        q = apply_rope_first_head(self.to_q(x), cos, sin)
-        k = apply_rope_first_head(self.to_k(x), cos, sin)
-        v = self.to_v(x)
+        q, k, v = self._project(x)
+        q, k = self.kernels.rope(q, k, *rope)
         q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        attn_mask = None if mask is None else mask[:, None, None, :].expand(b, self.heads, n, n)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        out = self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
-        return out if mask is None else out.masked_fill(~mask[..., None], 0.0)
+        if bias is None and mask is not None:
+            bias = mask[:, None, None, :].expand(b, self.heads, n, n)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv is None:
+            return self.to_q(x), self.to_k(x), self.to_v(x)
+        weight, bias = self.qkv
+        if self.to_q.weight.data_ptr() != weight.data_ptr():
+            raise RuntimeError(
+                "the DiT's q/k/v weights were replaced after packing (e.g. by .to()): "
+                "call DiT.set_kernels again to repack them"
+            )
+        return F.linear(x, weight, bias).split(self.to_q.out_features, dim=-1)
+
+    def pack_qkv(self) -> None:
+        """Make to_q/to_k/to_v's parameters views of one [3 * inner, dim] buffer (values unchanged)."""
+        if self.qkv is not None:
+            return
+        projs = (self.to_q, self.to_k, self.to_v)
+        with torch.no_grad(), torch.inference_mode(False):
+            weight = torch.cat([p.weight.detach() for p in projs])
+            bias = torch.cat([p.bias.detach() for p in projs])
+            rows = self.to_q.out_features
+            for i, p in enumerate(projs):
+                p.weight.data, p.bias.data = (
+                    weight[i * rows : (i + 1) * rows],
+                    bias[i * rows : (i + 1) * rows],
+                )
+        self.qkv = (weight, bias)
+
+    def unpack_qkv(self) -> None:
+        """Give each projection its own storage again (undoes `pack_qkv`)."""
+        if self.qkv is None:
+            return
+        with torch.no_grad(), torch.inference_mode(False):
+            for p in (self.to_q, self.to_k, self.to_v):
+                p.weight.data, p.bias.data = p.weight.detach().clone(), p.bias.detach().clone()
+        self.qkv = None
 
 
 class AdaLayerNormZero(nn.Module):
@@ -222,14 +288,18 @@ class DiTBlock(nn.Module):
         self.attn_norm = AdaLayerNormZero(dim, 6)
         self.attn = Attention(dim, heads, dim_head)
         self.ff = FeedForward(dim, ff_mult)
+        self.kernels = NATIVE_KERNELS
 
-    def forward(self, x, t, rope, mask=None):
-        # x: [B, N, D], t: [B, D]
+    def forward(self, x, t, rope, mask=None, bias=None):
+        # x: [B, N, D], t: [B, D]; bias: the attention mask made once per forward (DiTKernels)
+        # eps is a literal, not a global: torch.compile(dynamic=True) makes a global float an input
+        k = self.kernels
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(t)
-        norm = F.layer_norm(x, (x.shape[-1],), eps=1e-6) * (1 + scale_msa) + shift_msa
-        x = x + gate_msa * self.attn(norm, rope, mask)
-        norm = F.layer_norm(x, (x.shape[-1],), eps=1e-6) * (1 + scale_mlp) + shift_mlp
-        return x + gate_mlp * self.ff(norm)
+        norm = k.modulated_norm(x, shift_msa, scale_msa, 1e-6)
+        x, norm = k.residual_norm(
+            x, self.attn(norm, rope, mask, bias), gate_msa, mask, shift_mlp, scale_mlp, 1e-6
+        )
+        return k.gated_residual(x, self.ff(norm), gate_mlp)
 
 
 class DiT(nn.Module):
@@ -247,6 +317,19 @@ class DiT(nn.Module):
         self.proj_out = nn.Linear(dim, mel_dim)
         self.schedule: Schedule = uniform_steps
         self.step_cache: StepCache | None = None
+        self.kernels = NATIVE_KERNELS
+
+    def set_kernels(self, kernels: DiTKernels) -> DiTKernels:
+        """Run the block ops through `kernels` from now on (packing or unpacking q/k/v's weights as it
+        says); returns the previous set. CUDA graphs captured before run the old functions."""
+        previous, self.kernels = self.kernels, kernels
+        for block in self.transformer_blocks:
+            block.kernels = block.attn.kernels = kernels
+            if kernels.is_qkv_packed:
+                block.attn.pack_qkv()
+            else:
+                block.attn.unpack_qkv()
+        return previous
 
     def set_schedule(self, schedule: Schedule) -> Schedule:
         """The solver's step sizes from now on; returns the previous schedule."""
@@ -270,18 +353,21 @@ class DiT(nn.Module):
         temb = self.time_embed(t) + d_emb
         h = self.input_embed(x, cond, text_emb, mask)
         rope = self.rotary_embed(x.shape[1])
-        h = self.run_blocks(h, temb, rope, mask, reuse)
+        make_bias = self.kernels.attention_bias
+        bias = None if mask is None or make_bias is None else make_bias(mask, h.dtype)
+        h = self.run_blocks(h, temb, rope, mask, reuse, bias)
         scale, shift = self.norm_out(temb)
-        h = F.layer_norm(h, (h.shape[-1],), eps=1e-6) * (1 + scale) + shift
-        return self.proj_out(h)
+        return self.proj_out(self.kernels.modulated_norm(h, shift, scale, 1e-6))
 
-    def run_blocks(self, h, temb, rope, mask=None, reuse: BlockReuse | None = None) -> torch.Tensor:
+    def run_blocks(
+        self, h, temb, rope, mask=None, reuse: BlockReuse | None = None, bias=None
+    ) -> torch.Tensor:
         """The transformer stack; with `reuse`, blocks[reuse.start:] run or are stood in for (see StepCache)."""
-        # h: [B, N, dim]
+        # h: [B, N, dim]; bias: the attention mask made once per forward, or None (see DiTKernels)
         blocks = self.transformer_blocks
         start = len(blocks) if reuse is None else reuse.start
         for block in blocks[:start]:
-            h = block(h, temb, rope, mask)
+            h = block(h, temb, rope, mask, bias)
         if reuse is None:
             return h
         if reuse.is_reusing:
@@ -289,7 +375,7 @@ class DiT(nn.Module):
             return h + reuse.residual
         deep_in = h
         for block in blocks[start:]:
-            h = block(h, temb, rope, mask)
+            h = block(h, temb, rope, mask, bias)
         reuse.residual = h - deep_in
         return h
 
