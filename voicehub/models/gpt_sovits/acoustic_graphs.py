@@ -29,8 +29,8 @@ the encoder of each common (chunk, speed)'s first ENCODER_LOAD_WINDOWS windows f
 ENCODER_LOAD_PHONES phonemes; `lazy` each shape on first use; everything not captured at load is captured on first use.
 Vocoder lengths are unbounded, so at most MAX_VOCODER_GRAPHS are kept; a new length past that runs
 eagerly, and says so (the encoder likewise past its range, encoder_graphs.py).
-What the solver or vocoder runs (the schedule, the step cache, a compiled forward, the activation
-kernel) is part of the graphs' identity: when an optimization changes it, the graphs are dropped.
+What the solver or vocoder runs (the schedule, the step cache, the DiT's kernels, a compiled forward, the
+activation kernel) is part of the graphs' identity: when an optimization changes it, the graphs are dropped.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class CfmGraphs:
     def runner(self, n_steps: int) -> BucketedGraphRunner:
         """The graphs of `n_steps` (made on first need); all are dropped when the solver changed."""
         est = self.estimator
-        identity = (est.schedule, est.step_cache, forwards_of(est))
+        identity = (est.schedule, est.step_cache, est.kernels, forwards_of(est))
         if identity != self._identity:
             self.reset()
             self._identity = identity
