@@ -25,13 +25,14 @@ from voicehub.models.gpt_sovits.acoustic_graphs import (
     cfm_frame_buckets,
     feature_frames,
 )
-from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, solve_pieces
+from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, VocoderWindow, solve_pieces, vocode_windows
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.cfm import solve
 from voicehub.models.gpt_sovits.cfm.schedule import dyadic_steps
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
+from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
 from voicehub.runtime import cuda_graphs
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner
 from voicehub.text.options import Language
@@ -229,6 +230,115 @@ def test_stream_with_graphs_equals_eager_and_load_captures_its_first_chunks(mode
     eager = _stream(pipe, ref, sentence, params)
     assert [len(a) for a in streamed] == [len(a) for a in eager]
     np.testing.assert_allclose(np.concatenate(streamed), np.concatenate(eager), rtol=0, atol=1e-4)
+
+
+def _mels(n_frames: int, n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(100, n_frames, generator=g) - 6 for _ in range(n)]
+
+
+def test_padded_vocoder_rows_change_no_real_row(model, captured):
+    """3 windows replay the (4 rows, 24 frames) graph, its 4th row zeros: each row is `vocode` of its
+    window alone (up to the fp32 rounding of a batched convolution on the CPU); garbage in the padded
+    row changes no real row, bit for bit (BigVGAN convolves each row alone)."""
+    voc = model.pipeline.vocoder
+    graphs = _graphs(model.pipeline)
+    mels = _mels(24, 3, seed=0)
+    with torch.inference_mode():
+        assert graphs.vocoder_eager_reason(3, 24) is None
+        out = graphs.vocode_rows(voc, mels)
+        assert captured == [(4, 24)] and out.shape == (3, 24 * voc.conf.hop_size)
+        for row, mel in zip(out, mels):
+            assert (row - vocode(voc, mel[None])[0]).abs().max() <= 1e-5
+        buf = graphs.vocoder._input_of((4, 24))
+        buf[3] = 50 * torch.randn(100, 24)  # garbage where the padding was
+        again = graphs.vocoder.runner.run((4, 24))[:3]
+        assert torch.equal(again, out)
+
+
+def test_vocoder_row_graphs_are_bounded_and_say_why_not(model, captured, caplog):
+    graphs = _graphs(model.pipeline)
+    voc = graphs.vocoder
+    assert voc.rows_per_call(160) == 32 and voc.rows_per_call(161) == 16 and voc.rows_per_call(6000) == 1
+    assert graphs.vocoder_eager_reason(17, 160) is None and voc.key(17, 160) == (32, 160)
+    assert graphs.vocoder_eager_reason(32, 161) == "too_long"  # rows x frames past max_row_frames
+    assert graphs.vocoder_eager_reason(1, 4000) == "too_long"
+    with torch.inference_mode():
+        graphs.capture_vocoder([(2, 32), (1, 32)])
+        voc.max_graphs = 2
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
+            assert graphs.vocoder_eager_reason(2, 64) == "graph_limit"
+            assert graphs.vocoder_eager_reason(2, 64) == "graph_limit"
+    assert graphs.vocoder_eager_reason(2, 32) is None  # captured: still replays
+    assert captured == [(2, 32), (1, 32)]  # largest first
+    assert sum("runs eagerly" in r.message for r in caplog.records) == 1  # said once
+
+
+def test_vocode_windows_replay_grid_lengths_and_count_the_rest(model, captured):
+    """Windows on the 16-frame grid share one replay; others replay their one-row graph per window;
+    past the graph limit a window runs eagerly with its reason; the audio is eager's either way."""
+    voc = model.pipeline.vocoder
+    graphs = _graphs(model.pipeline)
+    mels = _mels(16, 3, seed=1) + _mels(13, 2, seed=2)
+    windows = [VocoderWindow(i, m, 0, 0, m.shape[1] * 256, True, True) for i, m in enumerate(mels)]
+    with torch.inference_mode():
+        eager, eager_calls = vocode_windows(voc, windows, 8)
+        got, calls = vocode_windows(voc, windows, 8, graphs, bucket_frames=16)
+        assert eager_calls.eager == {"no_graphs": 5} and eager_calls.calls == 2
+        assert captured == [(4, 16), (1, 13)]
+        assert (calls.calls, calls.replayed, calls.padded_rows, calls.off_grid, calls.eager) == (
+            3,
+            5,
+            1,
+            2,
+            {},
+        )
+        graphs.vocoder.max_graphs = 2
+        late = [VocoderWindow(0, m, 0, 0, 32 * 256, True, True) for m in _mels(32, 2, seed=3)]
+        got_late, late_calls = vocode_windows(voc, late, 8, graphs, bucket_frames=16)
+        assert late_calls.eager == {"graph_limit": 2} and late_calls.replayed == 0
+        want_late, _ = vocode_windows(voc, late, 8)
+    for a, b in zip(got + got_late, eager + want_late):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, captured):
+    """The stream engine with graphs (preset full): at start it captures the row buckets of its grid
+    lengths; its windows replay them (none eagerly), several in one call; a stream's audio is the same
+    alone and among others."""
+    pipe = model.pipeline
+    pipe.acoustic_graphs = _graphs(pipe, "full")
+    try:
+        config = ServingConfig(max_streams=3, max_vocoder_batch=4, chunk_tokens=8, vocoder_bucket_frames=32)
+        engine = StreamEngine(model, config)
+        at_start = list(captured)
+        assert at_start == sorted(engine.vocoder_start_shapes(), key=lambda k: (-k[0] * k[1], -k[0]))
+        assert {r for r, _ in at_start} == {1, 2, 4} and all(n % 32 == 0 for _, n in at_start)
+        requests = [
+            ("Good morning.", dict(seed=3, force_n_tokens=20, sample_steps=2)),
+            ("See you soon.", dict(seed=1, force_n_tokens=17, sample_steps=2, speed=1.1)),
+            ("Hello there.", dict(seed=4, force_n_tokens=24, sample_steps=2)),
+        ]
+        alone = []
+        for text, params in requests:
+            stream = engine.submit(text, voice=voice, **params)
+            engine.run_until_idle()
+            alone.append(np.concatenate([c.audio for c in stream]))
+        before = engine.stats.to_dict()
+        streams = [engine.submit(text, voice=voice, **params) for text, params in requests]
+        engine.run_until_idle()
+        stats = {k: v for k, v in engine.stats.to_dict().items() if not isinstance(v, dict)}
+        n_calls = stats["vocoder_calls"] - before["vocoder_calls"]
+        n_rows = stats["vocoder_rows"] - before["vocoder_rows"]
+        assert engine.stats.vocoder_eager == {} and stats["vocoder_replayed"] == stats["vocoder_rows"]
+        assert n_rows > n_calls > 0, "no vocoder call held two streams' windows"
+        for i, (stream, want) in enumerate(zip(streams, alone)):
+            got = np.concatenate([c.audio for c in stream])
+            assert got.shape == want.shape, i
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=str(i))
+    finally:
+        pipe.acoustic_graphs = None
 
 
 # -- GPU ----------------------------------------------------------------------------------------------

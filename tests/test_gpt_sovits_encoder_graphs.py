@@ -18,7 +18,7 @@ from gpt_sovits_fixtures import tiny_set  # noqa: F401 (fixture)
 from test_gpt_sovits_acoustic_graphs import captured  # noqa: F401 (fixture: the stand-in runner)
 
 from voicehub.models.gpt_sovits import load
-from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
+from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, AcousticGraphs
 from voicehub.models.gpt_sovits.encoder_graphs import MAX_TOKENS, EncoderGraphs, encoder_key
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.sovits.model import encp_lengths, resample_rows
@@ -123,6 +123,10 @@ def test_load_time_encoder_keys_per_preset(tiny_set):  # noqa: F811
         for p in ("full", "minimal", "lazy")
     }
     assert keys["lazy"] == [] and set(keys["minimal"]) < set(keys["full"])
+    # the speeds of the presets whose CFM steps load captures (fast 1.3, balanced 1.1), not quality's 1.0;
+    # two windows, phoneme buckets up to 128 (full) / 64 (minimal)
+    assert LOAD_SPEEDS == (1.1, 1.3) and {k[2] for k in keys["full"]} == set(LOAD_SPEEDS)
+    assert len(keys["full"]) == 2 * 2 * 4 == 16 and len(keys["minimal"]) == 2 * 2 * 2 == 8
     # a short sentence's first two default windows at the fast preset's speed
     assert {(25, 32, 1.3), (50, 32, 1.3), (25, 64, 1.3)} <= set(keys["minimal"])
     with pytest.raises(ValueError, match="whose CFM"):

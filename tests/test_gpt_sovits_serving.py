@@ -8,6 +8,7 @@ samples EOS, so every sentence is bounded with force_n_tokens.
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -71,7 +72,7 @@ def test_one_stream_equals_the_single_stream_streaming_path(model, voice):
     text = "Hello there. How are you?"
     params = dict(GREEDY, seed=7, force_n_tokens=8, stream_chunk_tokens=4, sample_steps=2)
     want = list(model.stream(text, voice=voice, **params))
-    engine = StreamEngine(model, ServingConfig(max_streams=1))
+    engine = StreamEngine(model, ServingConfig(max_streams=1, vocoder_bucket_frames=1))
     stream = engine.submit(text, voice=voice, **params)
     engine.run_until_idle()
     got = list(stream)
@@ -144,13 +145,14 @@ def test_vocoder_rows_are_the_vocoder_stream_split(model):
     rows = VocoderRows(conf.hop_size, conf.sampling_rate)
     windows = _push_all(rows, mel, sizes, owner=None)
     assert len(windows) == stream.n_calls
-    got = np.concatenate([rows.absorb(w, vocode_windows(vocoder, [w], 4)[0]) for w in windows])
+    got = np.concatenate([rows.absorb(w, vocode_windows(vocoder, [w], 4)[0][0]) for w in windows])
     np.testing.assert_array_equal(got, want)
 
 
 def test_vocoder_windows_of_one_length_share_a_call(model):
-    """Bucketed windows (grown by left context to 16-frame multiples) of two streams with other
-    chunk sizes meet in length and run in one call, with the same audio as one call each."""
+    """Bucketed windows (grown by left context to 16-frame multiples, or ended early at one when there
+    is no history to grow into) of two streams with other chunk sizes meet in length and run in one
+    call, with the same audio as one call each."""
     vocoder, conf = model.pipeline.vocoder, model.pipeline.vocoder.conf
     g = torch.Generator().manual_seed(1)
     mels = [torch.randn(1, conf.num_mels, 80, generator=g) - 5 for _ in range(2)]
@@ -159,11 +161,11 @@ def test_vocoder_windows_of_one_length_share_a_call(model):
         for i, (mel, sizes) in enumerate(zip(mels, [[36, 20, 24], [36, 17, 27]]))
     ]
     flat = [w for ws in windows for w in ws]
-    grown = [w for w in flat if w.lo > 0]  # windows with enough history to their left
-    assert grown and all(w.n_frames % 16 == 0 for w in grown)
-    together = vocode_windows(vocoder, flat, max_batch=8)
-    alone = [vocode_windows(vocoder, [w], max_batch=1)[0] for w in flat]
-    assert len({w.n_frames for w in flat}) < len(flat)  # some windows share a length (a call)
+    assert all(w.n_frames % 16 == 0 for w in flat)
+    together, calls = vocode_windows(vocoder, flat, max_batch=8)
+    alone = [vocode_windows(vocoder, [w], max_batch=1)[0][0] for w in flat]
+    assert calls.calls == len({w.n_frames for w in flat}) < len(flat)  # some windows share a call
+    assert calls.eager == {"no_graphs": len(flat)} and calls.replayed == 0  # said, not silent
     for a, b in zip(together, alone):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -245,3 +247,30 @@ def test_engines_are_keyed_by_the_weights(model, tiny_set):  # noqa: F811
     again = load(tiny_set)
     lora = load(tiny_set, sovits_path=tiny_set / "lora" / "sovits_lora.pth")
     assert engine_key(again) == engine_key(model) != engine_key(lora)
+
+
+def test_held_vocoder_windows_share_calls_and_change_no_audio(model, voice, monkeypatch):
+    """With the clock stopped, a stream with a chunk out always has its audio ahead of it (more than
+    urgent_s): its windows are held for others to share their call (first chunks go at once, the rest
+    when max_vocoder_batch wait or T2S has no work left). Same audio as vocoding each batch's windows
+    right after it, in fewer, fuller calls."""
+    monkeypatch.setattr(time, "perf_counter", lambda: 1000.0)
+    requests = [  # windows of 4 tokens; T2S steps 2 a round, so windows come while T2S still has work
+        dict(seed=i, force_n_tokens=n, stream_chunk_tokens=4, sample_steps=2)
+        for i, n in enumerate((12, 16, 20))
+    ]
+    results = {}
+    for hold in (False, True):
+        config = ServingConfig(
+            max_streams=3, urgent_s=0.05, vocoder_bucket_frames=16, hold_vocoder=hold, stop_check_interval=2
+        )
+        engine = StreamEngine(model, config)
+        streams = [engine.submit("Held windows.", voice=voice, **params) for params in requests]
+        engine.run_until_idle()
+        results[hold] = engine.stats, [np.concatenate([c.audio for c in s]) for s in streams]
+    (free, free_audio), (held, held_audio) = results[False], results[True]
+    assert held.vocoder_rows == free.vocoder_rows and held.vocoder_flushes < free.vocoder_flushes
+    assert held.vocoder_calls < free.vocoder_calls
+    for i, (a, b) in enumerate(zip(held_audio, free_audio)):
+        assert a.shape == b.shape, i
+        np.testing.assert_allclose(a, b, rtol=0, atol=ATOL, err_msg=str(i))

@@ -15,8 +15,9 @@ other than 'off'). Shapes, and why each is what it is:
 - SoVITS encoder: the token prefix and the phonemes right-padded to buckets and masked, one graph per
   (tokens, phonemes, speed) (encoder_graphs.py); made for the model passed to the first `encode`.
 - the stream engine's CFM batches (batch_acoustic.solve_pieces) replay the same graphs with more rows
-  (CFM_ROW_BUCKETS; padded rows hold one valid frame each), captured on first use. Its vocoder
-  batches still run eagerly.
+  (CFM_ROW_BUCKETS; padded rows hold one valid frame each), captured on first use; its vocoder windows
+  of one length replay (row bucket, length) graphs (VOCODER_ROW_BUCKETS; padded rows are zeros, and
+  BigVGAN convolves each row alone), captured when the engine starts (serving.py) or on first use.
 Graphs replay what eager runs on the same buffers. The CFM noise is drawn by the caller, as eagerly,
 and copied into the static buffers, so the RNG stream is eager's. Outputs are cloned before the lock
 is released: a later replay in the same memory pool may overwrite them.
@@ -26,9 +27,10 @@ When graphs are captured (the model's cuda_graph_preset): `full` captures every 
 (chunk, speed) at load; `minimal` the shapes of the first LOAD_WINDOWS[minimal] windows of the default
 voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); both capture
 the encoder of each common (chunk, speed)'s first ENCODER_LOAD_WINDOWS windows for sentences of up to
-ENCODER_LOAD_PHONES phonemes; `lazy` each shape on first use; everything not captured at load is captured on first use.
-Vocoder lengths are unbounded, so at most MAX_VOCODER_GRAPHS are kept; a new length past that runs
-eagerly, and says so (the encoder likewise past its range, encoder_graphs.py).
+ENCODER_LOAD_PHONES phonemes (common speeds: LOAD_SPEEDS); `lazy` each shape on first use; everything
+not captured at load is captured on first use.
+Vocoder lengths are unbounded, so at most MAX_VOCODER_GRAPHS (rows, length) graphs are kept; a new one
+past that runs eagerly, and says so (the encoder likewise past its range, encoder_graphs.py).
 What the solver or vocoder runs (the schedule, the step cache, the DiT's kernels, a compiled forward, the
 activation kernel) is part of the graphs' identity: when an optimization changes it, the graphs are dropped.
 """
@@ -57,13 +59,25 @@ from voicehub.runtime.kv_cache import pick_bucket
 CFM_FRAME_BUCKET = 64  # frames: a CFM piece is right-padded to a multiple of this
 CFM_ROW_BUCKETS = (1, 2, 4, 8, 16)  # rows per CFM graph: 1 streamed piece; the stream engine's batches
 COMMON_CHUNK_TOKENS = (25,)  # stream_chunk_tokens of the load-time shapes (the stream engine's default)
-COMMON_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values()}))  # the generation presets' speeds
 COMMON_SAMPLE_STEPS = (PRESETS[PresetName.FAST].sample_steps,)  # CFM steps of the load-time graphs
+# Speeds of the load-time encoder and vocoder shapes: those of the presets whose CFM graphs load captures
+# (fast 1.3, balanced 1.1: the default). The quality preset (1.0) captures its CFM (16 steps) on first use
+# anyway, so its encoder and windows at load bought its first request nothing but load time.
+LOAD_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values() if p.sample_steps in COMMON_SAMPLE_STEPS}))
 LOAD_WINDOWS = {GraphPreset.FULL: 6, GraphPreset.MINIMAL: 2}  # a sentence's first windows, shapes at load
 ENCODER_LOAD_WINDOWS = 2  # a sentence's first windows whose encoder shapes load captures (full, minimal)
 ENCODER_LOAD_PHONES = {GraphPreset.FULL: 128, GraphPreset.MINIMAL: 64}  # ... for up to these phonemes
 MAX_VOCODER_FRAMES = 2048  # longest vocoder window replayed from a graph (~22 s)
-MAX_VOCODER_GRAPHS = 64  # exact-length vocoder graphs kept; a new length past that runs eagerly
+MAX_VOCODER_GRAPHS = 96  # (rows, exact length) vocoder graphs kept; a new shape past that runs eagerly
+VOCODER_ROW_BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+)  # windows per vocoder graph: 1 streamed; the stream engine's batches
+MAX_VOCODER_ROW_FRAMES = 32 * 160  # rows x frames of one vocoder graph of many rows (bounds its memory)
 log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
@@ -217,7 +231,9 @@ class CfmGraphs:
 
 
 class VocoderGraphs:
-    """BigVGAN windows replayed from graphs captured per exact (rows, frames) (see the module's docstring).
+    """BigVGAN windows replayed from graphs captured per (rows, exact frames) (module docstring). One row:
+    the streaming path's windows; more: the stream engine's windows of one length, the rows padded with
+    zeros up to a row bucket (BigVGAN convolves each row alone: a padded row changes no real row).
     Not thread-safe (AcousticGraphs locks)."""
 
     def __init__(
@@ -226,14 +242,18 @@ class VocoderGraphs:
         device: torch.device,
         max_frames: int = MAX_VOCODER_FRAMES,
         max_graphs: int = MAX_VOCODER_GRAPHS,
+        row_buckets: Sequence[int] = VOCODER_ROW_BUCKETS,
+        max_row_frames: int = MAX_VOCODER_ROW_FRAMES,
     ):
         self.vocoder, self.device = vocoder, device
         self.max_frames, self.max_graphs = max_frames, max_graphs
+        self.row_buckets, self.max_row_frames = tuple(sorted(row_buckets)), max_row_frames
+        assert self.row_buckets[0] == 1, "one-row graphs serve the streaming path"
         self.runner: BucketedGraphRunner | None = None
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self._identity: tuple | None = None
         self._keys: set[tuple[int, int]] = set()  # captured or being captured by the current runner
-        self._refused: set[Hashable] = set()  # lengths said to run eagerly (logged once each)
+        self._refused: set[Hashable] = set()  # keys said to run eagerly (logged once each)
 
     def current_runner(self) -> BucketedGraphRunner:
         """The graphs of what the vocoder runs now (all dropped when that changed)."""
@@ -242,7 +262,10 @@ class VocoderGraphs:
         if identity != self._identity or self.runner is None:
             self.reset()
             self._identity = identity
-            keys = [(1, n) for n in range(1, self.max_frames + 1)]
+            keys = [
+                (r, n) for r in self.row_buckets for n in range(1, self.max_frames + 1)
+                if r == 1 or r * n <= self.max_row_frames
+            ]  # fmt: skip
             self.runner = BucketedGraphRunner(self._step, keys, GraphPreset.LAZY, self.device)
         return self.runner
 
@@ -256,11 +279,19 @@ class VocoderGraphs:
     def captured(self) -> list[tuple[int, int]]:
         return [] if self.runner is None else self.runner.captured_buckets
 
-    def capture(self, n_frames: int) -> None:
-        """Capture the window length `n_frames` now unless it is captured or refused (see `replayable`)."""
-        key = (1, n_frames)
+    def rows_per_call(self, n_frames: int) -> int:
+        """Most windows of n_frames one graph holds (its rows x frames bounded by max_row_frames)."""
+        return max([r for r in self.row_buckets if r * n_frames <= self.max_row_frames], default=1)
+
+    def key(self, n_rows: int, n_frames: int) -> tuple[int, int]:
+        """The graph of n_rows windows of n_frames (n_rows <= rows_per_call(n_frames))."""
+        return pick_bucket(n_rows, self.row_buckets), n_frames
+
+    def capture(self, n_frames: int, n_rows: int = 1) -> None:
+        """Capture (n_rows, n_frames) now unless it is captured or refused (see `eager_reason`)."""
+        key = self.key(n_rows, n_frames)
         runner = self.current_runner()  # drops the graphs if what the vocoder runs changed
-        if self._fits(n_frames) and key not in self._keys:
+        if self._why_eager(key) is None and key not in self._keys:
             self._input_of(key)  # allocated outside the capture, as every static input
             self._keys.add(key)
             runner.run(key)
@@ -278,32 +309,51 @@ class VocoderGraphs:
 
     def replayable(self, n_frames: int) -> bool:
         """Whether a window of n_frames replays a graph (captured, or there is room to capture it)."""
-        self.current_runner()  # drops the graphs if what the vocoder runs changed
-        return self._fits(n_frames)
+        return self.eager_reason(1, n_frames) is None
 
-    def _fits(self, n_frames: int) -> bool:
-        # `replayable` for the graphs as they are now (the caller has checked what the vocoder runs)
-        key = (1, n_frames)
-        if key in self._keys or (n_frames <= self.max_frames and len(self._keys) < self.max_graphs):
-            return True
+    def eager_reason(self, n_rows: int, n_frames: int) -> str | None:
+        """None when n_rows windows of n_frames replay a graph (captured, or there is room to capture
+        it); else why they run eagerly: 'too_long' (past max_frames, or past max_row_frames for
+        n_rows) or 'graph_limit' (max_graphs held)."""
+        self.current_runner()  # drops the graphs if what the vocoder runs changed
+        if n_rows > self.rows_per_call(n_frames):
+            return "too_long"
+        return self._why_eager(self.key(n_rows, n_frames))
+
+    def _why_eager(self, key: tuple[int, int]) -> str | None:
+        # `eager_reason` for the graphs as they are now (the caller has checked what the vocoder runs)
+        if key in self._keys:
+            return None
+        reason = "too_long" if key[1] > self.max_frames else None
+        if reason is None and len(self._keys) < self.max_graphs:
+            return None
+        reason = reason or "graph_limit"
         if key not in self._refused:
             self._refused.add(key)
             log.warning(
-                "vocoder window of %d frames runs eagerly: graphs hold windows of <= %d frames, at most %d "
-                "lengths (%d captured)", n_frames, self.max_frames, self.max_graphs, len(self._keys),
+                "vocoder window of %d frames (%d rows a call) runs eagerly: graphs hold windows of <= %d frames, "
+                "at most %d shapes (%d captured)", key[1], key[0], self.max_frames, self.max_graphs,
+                len(self._keys),
             )  # fmt: skip
-        return False
+        return reason
 
     def vocode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [1, num_mels, n] denormalised -> audio [1, n * hop] (a copy), as `bigvgan.vocode`."""
-        n = mel.shape[2]
-        runner = self.current_runner()  # one walk of the vocoder a window
-        if not self._fits(n):
+        if self.eager_reason(1, mel.shape[2]) is not None:  # one walk of the vocoder a window
             return vocode(self.vocoder, mel)
-        key = (1, n)
-        self._input_of(key).copy_(mel)  # cast to the vocoder's dtype, as vocode() does
+        return self.vocode_rows([mel[0]])
+
+    def vocode_rows(self, mels: Sequence[torch.Tensor]) -> torch.Tensor:
+        """mels: windows [num_mels, n] of one length, denormalised, for which `eager_reason` said None ->
+        audio [len(mels), n * hop] (a copy), each row as `bigvgan.vocode` of the window alone."""
+        key = self.key(len(mels), mels[0].shape[1])
+        buf = self._input_of(key)
+        for i, mel in enumerate(mels):
+            buf[i].copy_(mel)  # cast to the vocoder's dtype, as vocode() does
+        buf[len(mels) :].zero_()  # padded rows: zeros (each row is convolved alone)
         self._keys.add(key)
-        return runner.run(key).clone()
+        assert self.runner is not None, "eager_reason first: it checks what the vocoder runs"
+        return self.runner.run(key)[: len(mels)].clone()
 
 
 def build_acoustic_graphs(
@@ -384,12 +434,34 @@ class AcousticGraphs:
         with self._lock:
             return self.vocoder.vocode(mel)
 
+    def vocoder_eager_reason(self, n_rows: int, n_frames: int) -> str | None:
+        """`VocoderGraphs.eager_reason`: None when n_rows windows of n_frames replay a graph."""
+        with self._lock:
+            return self.vocoder.eager_reason(n_rows, n_frames)
+
+    @torch.inference_mode()
+    def vocode_rows(self, vocoder: BigVGAN, mels: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Windows [num_mels, n] of one length (`vocoder_eager_reason` None) -> audio [len(mels), n * hop]
+        from one replay of the (row bucket, n) graph, each row as `vocode` of its window alone."""
+        assert vocoder is self.vocoder.vocoder, "windows of this model's vocoder"
+        with self._lock:
+            return self.vocoder.vocode_rows(mels)
+
+    @torch.inference_mode()
+    def capture_vocoder(self, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Capture vocoder graphs of (rows, frames) `shapes` (largest first: later captures reuse the
+        pool's memory), each once; returns the graphs' keys that exist now."""
+        with self._lock:
+            for n_rows, n_frames in sorted(shapes, key=lambda k: (-k[0] * k[1], -k[0])):
+                self.vocoder.capture(n_frames, n_rows)
+            return sorted({self.vocoder.key(r, n) for r, n in shapes} & set(self.vocoder.captured))
+
     def load_time_shapes(self, prompt_frames: int | None) -> tuple[list[tuple[int, int]], list[int]]:
         """What the preset captures at load: (CFM (rows, frames) buckets, vocoder window lengths), for
         a voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s).
         The encoder's: `encoder_load_keys`."""
         n_windows = LOAD_WINDOWS.get(self.preset, 0)
-        configs = [(c, s) for c in COMMON_CHUNK_TOKENS for s in COMMON_SPEEDS]
+        configs = [(c, s) for c in COMMON_CHUNK_TOKENS for s in LOAD_SPEEDS]
         frames = [f for c, s in configs for f in stream_window_frames(self.vocoder.vocoder, c, s, n_windows)]
         if self.preset is GraphPreset.FULL:
             cfm = [k for k in self.cfm.keys() if k[0] == 1]
@@ -403,7 +475,7 @@ class AcousticGraphs:
         speed)'s first ENCODER_LOAD_WINDOWS windows, every phoneme bucket up to ENCODER_LOAD_PHONES."""
         phones = range(PHONE_BUCKET, ENCODER_LOAD_PHONES.get(self.preset, 0) + 1, PHONE_BUCKET)
         tokens = [k * c for c in COMMON_CHUNK_TOKENS for k in range(1, ENCODER_LOAD_WINDOWS + 1)]
-        keys = {encoder_key(t, p, s) for t in tokens for s in COMMON_SPEEDS for p in phones}
+        keys = {encoder_key(t, p, s) for t in tokens for s in LOAD_SPEEDS for p in phones}
         return sorted(keys, key=lambda k: (k[2], -k[0], -k[1]))  # largest first per speed (one pool each)
 
     @torch.inference_mode()

@@ -9,16 +9,19 @@ serving engine can run the calls of many streams together:
 - `solve_pieces` solves CFM pieces of different lengths as one right-padded batch. The DiT masks the
   padded frames (cfm/dit.py), so a row's frames are what it gets alone, up to float rounding.
 - `vocode_windows` vocodes windows of equal length as one batch. BigVGAN pads its borders by
-  replication, so a padded row would change near its end: only windows of one length share a call.
+  replication, so a frame-padded row would change near its end: only windows of one length share a call.
   `VocoderRows(bucket_frames=k)` makes lengths meet: a window grows to a multiple of k frames by
-  taking more *left* context, already-final mel whose output is dropped (never padding).
+  taking more *left* context, already-final mel whose output is dropped (never padding); a window with
+  no history to grow into (a sentence's first) ends earlier instead, at a multiple of k, when it still
+  carries its minimum of new frames. With the model's acoustic graphs, the windows of one such length
+  replay one (row bucket, length) graph, the rows padded with zeros (rows are convolved alone).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,7 +29,7 @@ import torch
 
 from voicehub.audio.fades import FadeShape, StreamJoiner
 from voicehub.audio.mel import denorm_spec
-from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
+from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs, feature_frames
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
@@ -235,17 +238,24 @@ class VocoderRows:
         if is_last:
             return self._window(owner, total, is_last=True) if total > self._done else None
         end = total - self.lookahead
-        if end - self._done < max(self.overlap + 1, self.min_first if self._done == 0 else 1):
+        need = max(self.overlap + 1, self.min_first if self._done == 0 else 1)  # new frames at least
+        if end - self._done < need:
             return None
-        return self._window(owner, end, is_last=False)
+        return self._window(owner, end, is_last=False, need=need)
 
-    def _window(self, owner: Any, end: int, is_last: bool) -> VocoderWindow:
+    def _window(self, owner: Any, end: int, is_last: bool, need: int = 1) -> VocoderWindow:
         # frames [start, end) are new; start reaches `overlap` back to cross-fade the last output
         start = max(self._done - self.overlap, 0)
         lo, hi = max(start - self.left, 0), min(end + self.lookahead, self._mel.shape[2])
         if self.bucket > 1:
             grown = hi - -(-(hi - lo) // self.bucket) * self.bucket
-            lo = grown if grown >= 0 else lo  # more left context when the stream has it
+            cut = lo + (hi - lo) // self.bucket * self.bucket  # the window ended early at a multiple
+            if grown >= 0:
+                lo = grown  # more left context when the stream has it
+            elif not is_last and cut - self.lookahead - self._done >= need:
+                # no history to grow into (a sentence's first window): end it earlier, at a multiple;
+                # the frames after it go to the next window
+                hi, end = cut, cut - self.lookahead
         self._done = end
         mel = self._mel[0, :, lo:hi]
         return VocoderWindow(owner, mel, lo, (start - lo) * self.hop, (end - lo) * self.hop, False, is_last)
@@ -262,17 +272,84 @@ class VocoderRows:
         return self.joiner.finish()
 
 
+@dataclass
+class VocoderCalls:
+    """What `vocode_windows` ran: calls, windows replayed from graphs (and the zero rows that padded
+    them to a row bucket), windows replayed one a call (a length off the bucket grid), windows run
+    eagerly by reason ('no_graphs': no acoustic graphs, as on the CPU or preset off; see
+    `VocoderGraphs.eager_reason` for the others)."""
+
+    calls: int = 0
+    replayed: int = 0
+    padded_rows: int = 0
+    off_grid: int = 0
+    eager: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: VocoderCalls) -> None:
+        self.calls += other.calls
+        self.replayed += other.replayed
+        self.padded_rows += other.padded_rows
+        self.off_grid += other.off_grid
+        for reason, n in other.eager.items():
+            self.eager[reason] = self.eager.get(reason, 0) + n
+
+
 @torch.inference_mode()
-def vocode_windows(vocoder: BigVGAN, windows: Sequence[VocoderWindow], max_batch: int) -> list[np.ndarray]:
-    """Vocode windows, those of one length together (at most max_batch a call) -> float32 audio each."""
+def vocode_windows(
+    vocoder: BigVGAN,
+    windows: Sequence[VocoderWindow],
+    max_batch: int,
+    graphs: AcousticGraphs | None = None,
+    bucket_frames: int = 1,
+) -> tuple[list[np.ndarray], VocoderCalls]:
+    """Vocode windows, those of one length together (at most max_batch a call) -> float32 audio each,
+    and what ran. graphs: windows whose length is a multiple of bucket_frames (> 1: the grid
+    `VocoderRows` grows windows to) replay the (row bucket, length) graph, rows padded with zeros; other
+    lengths replay their one-row graph once per window (their lengths are many: one graph each, not one
+    per row bucket). A window no graph serves runs eagerly, and `VocoderCalls.eager` says why."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i, w in enumerate(windows):
         groups[w.n_frames].append(i)
     out: list[np.ndarray | None] = [None] * len(windows)
-    for members in groups.values():
-        for lo in range(0, len(members), max_batch):
-            chunk = members[lo : lo + max_batch]
-            audio = vocode(vocoder, torch.stack([windows[i].mel for i in chunk])).float().cpu().numpy()
+    report = VocoderCalls()
+    for n, members in groups.items():
+        size = max_batch
+        is_grid = bucket_frames > 1 and n % bucket_frames == 0
+        if graphs is not None:
+            size = min(max_batch, graphs.vocoder.rows_per_call(n)) if is_grid else 1
+        for lo in range(0, len(members), size):
+            chunk = members[lo : lo + size]
+            mels = [windows[i].mel for i in chunk]
+            reason = "no_graphs" if graphs is None else graphs.vocoder_eager_reason(len(chunk), n)
+            if reason is None:
+                audio = graphs.vocode_rows(vocoder, mels)
+                report.replayed += len(chunk)
+                report.padded_rows += graphs.vocoder.key(len(chunk), n)[0] - len(chunk)
+                report.off_grid += 0 if is_grid else len(chunk)
+            else:
+                audio = vocode(vocoder, torch.stack(mels))
+                report.eager[reason] = report.eager.get(reason, 0) + len(chunk)
+            report.calls += 1
+            audio = audio.float().cpu().numpy()
             for row, i in enumerate(chunk):
                 out[i] = audio[row]
-    return out  # type: ignore[return-value]
+    return out, report  # type: ignore[return-value]
+
+
+def engine_window_frames(
+    hop: int, sample_rate: int, chunk_tokens: int, speed: float, bucket_frames: int, n_windows: int
+) -> list[int]:
+    """Frames of the first `n_windows` vocoder windows (none a sentence's last) of a long sentence in
+    the stream engine, as `VocoderRows` makes them: the lengths worth capturing. Nothing is vocoded."""
+    rows = VocoderRows(hop, sample_rate, bucket_frames=bucket_frames)
+    lengths: list[int] = []
+    made = 0
+    for k in range(1, 4 * n_windows + 2):  # a window each push once the first is long enough
+        if len(lengths) >= n_windows:
+            break
+        total = feature_frames(k * chunk_tokens, speed)
+        window = rows.push(torch.zeros(1, 1, total - made), None)
+        made = total
+        if window is not None:
+            lengths.append(window.n_frames)
+    return lengths

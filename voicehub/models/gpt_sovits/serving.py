@@ -32,17 +32,20 @@ import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from voicehub.errors import InvalidTextError
+from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS
 from voicehub.models.gpt_sovits.batch_acoustic import (
     CfmPiece,
     EncoderRow,
+    VocoderCalls,
     VocoderWindow,
     encode_rows,
+    engine_window_frames,
     solve_pieces,
     vocode_windows,
 )
@@ -51,11 +54,19 @@ from voicehub.models.gpt_sovits.pipeline import MAX_SEED
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
+from voicehub.runtime.cuda_graphs import GraphPreset
 from voicehub.runtime.round_loop import RoundLoop
 from voicehub.runtime.scheduler import ContinuousScheduler, QueueFullError, StreamCancelledError
 from voicehub.text.limits import check_text
 
 log = logging.getLogger("voicehub.models.gpt_sovits")
+# Vocoder windows of the default 25-token chunk (engine_window_frames): 109 frames a window at the fast
+# preset's speed 1.3, 121 at balanced's 1.1, 130 at 1.0; a sentence's first 73 / 86 / 93, its last any.
+# Multiples of 32 make them 128 (1.3 and 1.1 alike: those streams share calls), 160 (1.0), first windows
+# 64 (ended early), last ones 32-160: five lengths, so a few (rows, length) graphs serve every window, for
+# 17% more vocoded frames at 1.3. 16 wastes less (112 at 1.3) but needs nine lengths; 64 makes 1.0's 192.
+VOCODER_BUCKET_FRAMES = 32
+ENGINE_LOAD_WINDOWS = 4  # a long sentence's first windows whose lengths the engine captures at start
 
 
 @dataclass(frozen=True)
@@ -64,9 +75,12 @@ class ServingConfig:
     waiting for a row before `submit` raises QueueFullError; chunk_tokens: the window of a request that
     gives no stream_chunk_tokens; max_cfm_batch / max_vocoder_batch / max_encoder_batch: rows per CFM /
     vocoder / SoVITS encoder call (max_encoder_batch 1: the encoder per stream, `decode_encp` itself);
-    urgent_s: slack under which a stream gets another CFM batch in the same round; vocoder_bucket_frames:
-    vocoder windows grow (by left context) to a multiple of this, so more share a call (1: streaming.py's
-    exact windows); stop_check_interval: T2S steps per round."""
+    urgent_s: slack under which a stream gets another CFM batch in the same round (and its vocoder
+    windows run now); vocoder_bucket_frames: vocoder windows grow (by left context) to a multiple of
+    this, so more share a call and a graph (1: streaming.py's exact windows; see VOCODER_BUCKET_FRAMES);
+    hold_vocoder: vocoder windows of streams more than urgent_s from running dry wait (across rounds)
+    for others to share their call, until max_vocoder_batch wait or one is urgent (False: each CFM
+    batch's windows are vocoded right after it); stop_check_interval: T2S steps per round."""
 
     max_streams: int = 64
     max_queue: int = 64
@@ -75,7 +89,8 @@ class ServingConfig:
     max_encoder_batch: int = 64
     max_vocoder_batch: int = 32
     urgent_s: float = 0.5
-    vocoder_bucket_frames: int = 1
+    vocoder_bucket_frames: int = VOCODER_BUCKET_FRAMES
+    hold_vocoder: bool = True
     stop_check_interval: int = 8
 
     def __post_init__(self) -> None:
@@ -96,7 +111,11 @@ class ServingConfig:
 
 @dataclass
 class EngineStats:
-    """Counters since the engine was built (seconds are host time; a CUDA stage is timed to its sync)."""
+    """Counters since the engine was built (seconds are host time; a CUDA stage is timed to its sync).
+    vocoder_calls / vocoder_rows: calls and windows; vocoder_replayed: windows replayed from graphs
+    (vocoder_padded_rows: zero rows padding them to a row bucket; vocoder_off_grid: windows of a length
+    off the bucket grid, replayed one a call); vocoder_eager: windows run eagerly, by reason (see
+    batch_acoustic.VocoderCalls); vocoder_flushes: times held windows were vocoded."""
 
     rounds: int = 0
     t2s_s: float = 0.0
@@ -106,12 +125,26 @@ class EngineStats:
     vocoder_calls: int = 0
     vocoder_rows: int = 0
     vocoder_s: float = 0.0
+    vocoder_replayed: int = 0
+    vocoder_padded_rows: int = 0
+    vocoder_off_grid: int = 0
+    vocoder_eager: dict[str, int] = field(default_factory=dict)
+    vocoder_flushes: int = 0
     encoder_calls: int = 0
     encoder_rows: int = 0
     encoder_s: float = 0.0  # the encoder call and the CFM pieces' preparation
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
+
+    def add_vocoder(self, calls: VocoderCalls, n_rows: int) -> None:
+        self.vocoder_calls += calls.calls
+        self.vocoder_rows += n_rows
+        self.vocoder_replayed += calls.replayed
+        self.vocoder_padded_rows += calls.padded_rows
+        self.vocoder_off_grid += calls.off_grid
+        for reason, n in calls.eager.items():
+            self.vocoder_eager[reason] = self.vocoder_eager.get(reason, 0) + n
 
 
 def engine_key(model: GptSovitsModel) -> str:
@@ -142,10 +175,41 @@ class StreamEngine:
         self._inbox: deque[SynthesisStream] = deque()  # submitted, not yet set up
         self._waiting: deque[StreamRun] = deque()  # set up, waiting for a T2S row
         self._runs: list[StreamRun] = []  # admitted
+        self._held: list[VocoderWindow] = []  # vocoder windows waiting to share a call (hold_vocoder)
         self._loop = RoundLoop(self.step, "voicehub-stream-engine", on_error=self._round_failed)
+        t0 = time.perf_counter()
+        self.vocoder_graphs_at_start = self._capture_vocoder_graphs()
         log.info(
-            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %s", sizes.max_batch, preset, self.config
-        )
+            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder graphs captured in %.2f s, %s",
+            sizes.max_batch, preset, len(self.vocoder_graphs_at_start), time.perf_counter() - t0, self.config,
+        )  # fmt: skip
+
+    def vocoder_start_shapes(self) -> list[tuple[int, int]]:
+        """(rows, frames) vocoder graphs the engine captures when it starts: with the model's graph preset
+        `full`, every row bucket of every grid length up to the longest of a long sentence's first
+        ENGINE_LOAD_WINDOWS windows at the common chunk and speeds (a sentence's last window may take any
+        of them); `minimal` those windows' lengths only; else none (each captured on first use)."""
+        graphs, bucket = self.pipeline.acoustic_graphs, self.config.vocoder_bucket_frames
+        if graphs is None or bucket == 1 or graphs.preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
+            return []
+        conf = self.pipeline.vocoder.conf
+        windows = {
+            n for speed in LOAD_SPEEDS for n in engine_window_frames(
+                conf.hop_size, conf.sampling_rate, self.config.chunk_tokens, speed, bucket, ENGINE_LOAD_WINDOWS
+            )
+        }  # fmt: skip
+        lengths = windows if graphs.preset is GraphPreset.MINIMAL else range(bucket, max(windows) + 1, bucket)
+        shapes = []
+        for n in sorted(n for n in lengths if n % bucket == 0):
+            most = graphs.vocoder.key(min(self.config.max_vocoder_batch, graphs.vocoder.rows_per_call(n)), n)[
+                0
+            ]
+            shapes += [(r, n) for r in graphs.vocoder.row_buckets if r <= most]
+        return shapes
+
+    def _capture_vocoder_graphs(self) -> list[tuple[int, int]]:
+        shapes = self.vocoder_start_shapes()
+        return self.pipeline.acoustic_graphs.capture_vocoder(shapes) if shapes else []
 
     # -- requests (any thread) --------------------------------------------------------------------
 
@@ -223,6 +287,7 @@ class StreamEngine:
             inbox, self._inbox = list(self._inbox), deque()
         for stream in inbox:
             stream._end(error)
+        self._held = []
         for run in [*self._waiting, *self._runs]:
             self._end(run, error)
         try:
@@ -322,7 +387,14 @@ class StreamEngine:
 
     # -- acoustic work ----------------------------------------------------------------------------
 
+    def _has_t2s_work(self) -> bool:
+        return not self.scheduler.is_idle or bool(self._inbox or self._waiting)
+
     def _acoustic(self) -> None:
+        self._cfm_batches()
+        self._flush_vocoder(force=not self._has_t2s_work())  # no T2S work: nothing more to wait for
+
+    def _cfm_batches(self) -> None:
         n_batches = 0
         while True:
             now = time.perf_counter()
@@ -330,8 +402,7 @@ class StreamEngine:
             if not ready:
                 return
             head = ready[0]
-            has_t2s_work = not self.scheduler.is_idle or bool(self._inbox or self._waiting)
-            if has_t2s_work and not head.is_urgent(now, self.config.urgent_s):
+            if self._has_t2s_work() and not head.is_urgent(now, self.config.urgent_s):
                 # T2S has work and nothing here is urgent: one batch keeps the buffers growing, none
                 # while a new stream still waits for the tokens of its first window
                 if n_batches or any(r.stream.first_chunk_at is None for r in self._runs):
@@ -342,7 +413,8 @@ class StreamEngine:
             n_batches += 1
 
     def _run_batch(self, runs: list[StreamRun]) -> None:
-        """One CFM call for `runs` (those whose window needs none just flush), then their vocoder windows."""
+        """One CFM call for `runs` (those whose window needs none just flush); their vocoder windows join
+        the held ones, vocoded now or later (`_flush_vocoder`)."""
         windows: list[VocoderWindow] = []
         pieces: list[CfmPiece] = []
         t0 = time.perf_counter()
@@ -373,9 +445,10 @@ class StreamEngine:
             for piece, mel in zip(pieces, mels):
                 piece.owner.absorb_piece(mel, windows)
             self.stats.cfm_s += time.perf_counter() - t0
-        self._vocode(windows)
-        for run in runs:
+        for run in runs:  # tails that needed no vocoder call
             self._emit_ready(run)
+        self._held += windows
+        self._flush_vocoder(force=False)  # a first chunk's window goes now, with every window held
 
     def _encode(self, runs: list[StreamRun]) -> dict[StreamRun, torch.Tensor]:
         """The SoVITS encoder of every run whose next window is due, in padded calls -> features."""
@@ -405,20 +478,41 @@ class StreamEngine:
             out.update((row.owner, fea) for row, fea in zip(chunk, features))
         return out
 
-    def _vocode(self, windows: list[VocoderWindow]) -> None:
-        if not windows:
+    def _flush_vocoder(self, force: bool) -> None:
+        """Vocode the held windows (of streams still running), batched by length, when forced, not
+        holding, max_vocoder_batch are held, or one's stream is urgent (no chunk yet, or under urgent_s
+        from running dry); else they wait for more windows to share their calls."""
+        held = self._held = [w for w in self._held if w.owner in self._runs]
+        if not held:
             return
+        now, urgent_s = time.perf_counter(), self.config.urgent_s
+        if not (
+            force
+            or not self.config.hold_vocoder
+            or len(held) >= self.config.max_vocoder_batch
+            or any(w.owner.is_urgent(now, urgent_s) for w in held)
+        ):
+            return
+        self._held = []
+        self.stats.vocoder_flushes += 1
+        self._vocode(held)
+        for run in dict.fromkeys(w.owner for w in held):
+            self._emit_ready(run)
+
+    def _vocode(self, windows: list[VocoderWindow]) -> None:
         t0 = time.perf_counter()
         try:
-            audio = vocode_windows(self.pipeline.vocoder, windows, self.config.max_vocoder_batch)
+            audio, calls = vocode_windows(
+                self.pipeline.vocoder, windows, self.config.max_vocoder_batch,
+                self.pipeline.acoustic_graphs, self.config.vocoder_bucket_frames,
+            )  # fmt: skip
         except Exception as error:
             log.exception("vocoder batch of %d windows failed; its streams fail", len(windows))
             for window in windows:
                 if window.owner in self._runs:
                     self._end(window.owner, error)
             return
-        self.stats.vocoder_calls += len({w.n_frames for w in windows})
-        self.stats.vocoder_rows += len(windows)
+        self.stats.add_vocoder(calls, len(windows))
         self.stats.vocoder_s += time.perf_counter() - t0
         for window, samples in zip(windows, audio):
             window.owner.absorb_window(window, samples)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -189,6 +190,16 @@ class SentenceRun:
         self.windows.append((len(self.tokens), True))
 
 
+@dataclass(eq=False)
+class _Planned:
+    """A sentence's vocoder window out for vocoding (None: its tail, `voc.finish()` after the windows
+    before it), and its audio once it is back."""
+
+    sentence: SentenceRun
+    window: VocoderWindow | None
+    audio: np.ndarray | None = None
+
+
 class StreamRun:
     """The engine's state of one stream (touched by the engine's thread only)."""
 
@@ -205,9 +216,11 @@ class StreamRun:
         self.stream, self.ref, self.seed, self.chunk_tokens = stream, ref, seed, chunk_tokens
         self.pipeline, self.bucket_frames = pipeline, bucket_frames
         self.sentences: deque[SentenceRun] = deque()  # in flight: [0] in the acoustic stage, [-1] in T2S
+        # (a sentence leaves when its last vocoder window is planned; its audio may still be out)
         self._speakable = speakable
         self._n_sentences = 0
         self._outbox: list[tuple[SentenceRun, np.ndarray, bool]] = []
+        self._planned: deque[_Planned] = deque()  # windows out for vocoding (and tails), in stream order
         self.is_done = False
 
     @property
@@ -290,21 +303,42 @@ class StreamRun:
             self._push_mel(sentence, mel, windows)
 
     def _push_mel(self, sentence: SentenceRun, mel: torch.Tensor, windows: list[VocoderWindow]) -> None:
+        """The sentence's window for this mel into `windows` (the engine vocodes it when it flushes), in
+        line behind the stream's windows still out; a sentence whose last window is planned leaves the
+        acoustic stage now, so the next one's work need not wait for that window's audio."""
         window = sentence.voc.push(mel, self, is_last=sentence.is_window_final)
+        if window is None and not sentence.is_window_final:
+            return
+        self._planned.append(_Planned(sentence, window))
         if window is not None:
             windows.append(window)
-        elif sentence.is_window_final:
-            self._out(sentence, sentence.voc.finish(), True)
+        if sentence.is_window_final:
+            self.sentences.popleft()
+        self._take_audio()
 
     def absorb_window(self, window: VocoderWindow, audio: np.ndarray) -> None:
-        sentence = self.sentences[0]
-        self._out(sentence, sentence.voc.absorb(window, audio), window.is_last)
+        """audio: float32 [n_frames * hop] of a window `_push_mel` gave out (in any order)."""
+        (planned,) = [p for p in self._planned if p.window is window]
+        planned.audio = audio
+        self._take_audio()
+
+    def _take_audio(self) -> None:
+        # the planned windows' audio in order, as far as it is vocoded (a window None: the sentence's tail)
+        while self._planned and (self._planned[0].window is None or self._planned[0].audio is not None):
+            p = self._planned.popleft()
+            if p.window is None:
+                self._out(p.sentence, p.sentence.voc.finish(), True)
+            else:
+                self._out(p.sentence, p.sentence.voc.absorb(p.window, p.audio), p.window.is_last)
+
+    @property
+    def n_unvocoded(self) -> int:
+        """Windows given out for vocoding whose audio has not come back."""
+        return sum(p.audio is None and p.window is not None for p in self._planned)
 
     def _out(self, sentence: SentenceRun, audio: np.ndarray, is_final: bool) -> None:
         if len(audio) or is_final:  # as stream_windows: empty pieces are skipped, the final one is not
             self._outbox.append((sentence, audio, is_final))
-        if is_final:
-            self.sentences.popleft()
 
     def send_ready(self) -> None:
         """Hand the finished pieces to the stream as AudioChunks (Pipeline._stream's joins)."""
