@@ -70,7 +70,12 @@ PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs awa
 PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
 TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
 KINDS = ("cold", "warm", "warm_shared")  # startup children: see `startup`
-CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
+CACHE_VARS = (
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+    "VOICEHUB_CACHE",
+)  # cold: all empty
 
 
 def n_tokens(text: str) -> int:
