@@ -100,7 +100,9 @@ def test_a_load_time_kernel_change_captures_the_graphs_once(tiny_set, monkeypatc
     decoder = model.pipeline.t2s_decoder
     assert decoder.kernels.layer_stack is stand_ins[registry.T2S_LAYER_STACK]
     assert decoder.preset is GraphPreset.FULL and decoder.graphs.preset is GraphPreset.FULL
-    assert sorted(captured) == sorted(decoder.graphs.buckets)  # every key, each once
+    # every key of the decode step and of the prompt prefill, each once
+    assert decoder.prefill is not None
+    assert sorted(captured) == sorted([*decoder.graphs.buckets, *decoder.prefill.graphs.buckets])
 
 
 def test_wordsegment_loads_once_per_process(monkeypatch):
