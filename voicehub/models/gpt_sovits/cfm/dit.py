@@ -195,6 +195,12 @@ class RotaryEmbedding(nn.Module):
         return angles.cos(), angles.sin()
 
 
+def _like_parameters(param: torch.Tensor) -> torch.inference_mode:
+    """The mode to make tensors that replace `param`'s data in: inference tensors for a model built under
+    inference mode, normal ones otherwise (a parameter whose data is the other kind fails in forward)."""
+    return torch.inference_mode(param.is_inference())
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int):
         super().__init__()
@@ -236,7 +242,7 @@ class Attention(nn.Module):
         if self.qkv is not None:
             return
         projs = (self.to_q, self.to_k, self.to_v)
-        with torch.no_grad(), torch.inference_mode(False):
+        with _like_parameters(self.to_q.weight):
             weight = torch.cat([p.weight.detach() for p in projs])
             bias = torch.cat([p.bias.detach() for p in projs])
             rows = self.to_q.out_features
@@ -251,7 +257,7 @@ class Attention(nn.Module):
         """Give each projection its own storage again (undoes `pack_qkv`)."""
         if self.qkv is None:
             return
-        with torch.no_grad(), torch.inference_mode(False):
+        with _like_parameters(self.to_q.weight):
             for p in (self.to_q, self.to_k, self.to_v):
                 p.weight.data, p.bias.data = p.weight.detach().clone(), p.bias.detach().clone()
         self.qkv = None
