@@ -2,11 +2,15 @@
 
 Full-size random v3 weights made here by make_sovits_checkpoint / make_bigvgan_folder, fp16.
 CFM: `solve` for N mel frames (281 = 3 s alone; 562 = 3 s reference prompt + 3 s chunk) at
-4/8/32 steps, eager and replayed as one CUDA graph. BigVGAN: mel lengths 70/128/298/598 with
+4/8/32 steps, eager and replayed as one CUDA graph. CFM kernels (part `cfm_kernels`): the first
+streamed chunk's masked 4-step solve (N = 576/640 with a 5 s, 468-frame prompt, as the acoustic
+graphs run it) replayed as one graph with the DiT's native block code and with the kernel
+registry's torch and triton DiT kernel sets (`DiT.set_kernels`), each against native. BigVGAN: mel lengths 70/128/298/598 with
 the torch activation, each registered kernel backend of the anti-aliased Snake, and a graph of
 the whole vocoder; each against the eager torch output (relative L2).
 
     python benchmarks/acoustic_bench.py --out benchmarks/results/acoustic_h200.json
+    python benchmarks/acoustic_bench.py --parts cfm_kernels --out benchmarks/results/cfm_kernels_h200.json
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ from bench_meta import tree_commit
 
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.bigvgan.model import vocode
-from voicehub.models.gpt_sovits.cfm.solver import solve
+from voicehub.models.gpt_sovits.cfm.dit import NATIVE_KERNELS
+from voicehub.models.gpt_sovits.cfm.solver import solve, solve_padded
+from voicehub.models.gpt_sovits.optimization import DIT_OPS, dit_kernels
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkpoint
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner
+from voicehub.runtime.kernels import registry
 
 HOP_S = 256 / 24000  # seconds of audio per mel frame
+FIRST_CHUNK_FRAMES = (576, 640)  # the first streamed CFM piece: 5 s prompt + context + new frames
+PROMPT_FRAMES = 468  # T_REF: the prompt of every reference of 5 s or more
 
 
 def bench(fn, warmups: int, reps: int) -> float:
@@ -114,6 +123,99 @@ def cfm_rows(model, dev, dtype, args) -> list[dict]:
     return rows
 
 
+def dit_kernel_sets(dev) -> dict:
+    """native plus each registry backend whose DiT ops run here (the rest said and skipped)."""
+    sets = {"native": NATIVE_KERNELS}
+    for backend in ("torch", "triton"):
+        reasons = [r for op in DIT_OPS if (r := registry.available(op, backend, dev)) is not None]
+        if reasons:
+            print(f"cfm kernels {backend} skipped: {reasons[0]}")
+            continue
+        sets[backend] = dit_kernels({op: registry.get(op, backend) for op in DIT_OPS})
+    return sets
+
+
+def kernels_per_call(fn, dev) -> int | None:
+    """GPU kernels one eager call launches (torch profiler); None off CUDA."""
+    if dev.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _first_chunk(est, n: int, dev, dtype) -> tuple:
+    """solve_padded's inputs for one row of n frames behind a PROMPT_FRAMES prompt, every frame valid."""
+    text_dim = est.input_embed.proj.in_features - 2 * 100
+    gen = torch.Generator(device=dev).manual_seed(n)
+    mu = torch.randn(1, n, text_dim, device=dev, dtype=dtype, generator=gen)
+    noise = torch.randn(1, 100, n, device=dev, dtype=dtype, generator=gen)
+    prompt_x = torch.zeros_like(noise)
+    prompt_x[..., :PROMPT_FRAMES] = torch.randn(1, 100, PROMPT_FRAMES, device=dev, dtype=dtype, generator=gen)
+    keep = torch.ones(1, 1, n, device=dev, dtype=dtype)
+    keep[..., :PROMPT_FRAMES] = 0
+    return mu, prompt_x, keep, noise, torch.ones(1, n, device=dev, dtype=torch.bool)
+
+
+def _kernel_case(est, kernels, inputs: tuple, steps: int, dev, args) -> tuple[dict, torch.Tensor | None]:
+    mu, prompt_x, keep, noise, mask = inputs
+    row: dict = {}
+    try:
+        est.set_kernels(kernels)
+        call = lambda: solve_padded(est, mu, prompt_x, keep, noise, steps, mask)  # noqa: E731
+        eager = call()
+        row["eager_ms"] = bench(call, args.warmups, args.reps)
+        row["gpu_kernels_eager"] = kernels_per_call(call, dev)
+        out = torch.empty_like(eager)
+        run = graphed(lambda: out.copy_(call()), dev)
+        row["graph_ms"] = bench(run, args.warmups, args.reps)
+        run()
+        row["graph_rel_l2_vs_own_eager"] = rel_l2(out, eager)
+        return row, out.clone()
+    except Exception:
+        row["error"] = traceback.format_exc(limit=3)
+        return row, None
+    finally:
+        est.set_kernels(NATIVE_KERNELS)
+
+
+def cfm_kernel_rows(model, dev, dtype, args, steps: int = 4) -> list[dict]:
+    """The first chunk's masked solve (one row, as CfmGraphs runs it) per DiT kernel set."""
+    est = model.cfm.estimator
+    sets = dit_kernel_sets(dev)
+    rows = []
+    for n in FIRST_CHUNK_FRAMES:
+        inputs = _first_chunk(est, n, dev, dtype)
+        native = None
+        for name, kernels in sets.items():
+            row = {"n_frames": n, "prompt_frames": PROMPT_FRAMES, "steps": steps, "kernels": name}
+            case, out = _kernel_case(est, kernels, inputs, steps, dev, args)
+            row.update(case)
+            native = out if name == "native" else native
+            if native is not None and out is not None:
+                row["graph_rel_l2_vs_native"] = rel_l2(out, native)
+            rows.append(row)
+            print("cfm_kernels", row, flush=True)
+    _print_kernel_table(rows)
+    return rows
+
+
+def _cell(row: dict, key: str, spec: str) -> str:
+    return "-" if row.get(key) is None else format(row[key], spec)
+
+
+def _print_kernel_table(rows: list[dict]) -> None:
+    print(
+        f"{'frames':>6} {'kernels':>8} {'graph ms':>9} {'eager ms':>9} {'GPU kernels':>11} {'rel L2 vs native':>17}"
+    )
+    for r in rows:
+        print(f"{r['n_frames']:>6} {r['kernels']:>8} {_cell(r, 'graph_ms', '9.3f')} {_cell(r, 'eager_ms', '9.3f')} "
+              f"{_cell(r, 'gpu_kernels_eager', '11d')} {_cell(r, 'graph_rel_l2_vs_native', '17.2e')}")  # fmt: skip
+
+
 def bigvgan_rows(vocoder, dev, dtype, args) -> list[dict]:
     from voicehub.models.gpt_sovits.bigvgan.activation import anti_alias_snake_torch
     from voicehub.runtime.kernels import registry
@@ -147,19 +249,23 @@ def main() -> None:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--warmups", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--parts", default="cfm,bigvgan")
+    p.add_argument("--parts", default="cfm,bigvgan", help="comma-separated: cfm, cfm_kernels, bigvgan")
     p.add_argument("--size", default="full", help="full; tiny with --device cpu smoke-tests the script")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     result: dict = {}
-    if "cfm" in args.parts:
+    parts = set(args.parts.split(","))
+    if parts & {"cfm", "cfm_kernels"}:
         path = make_sovits_checkpoint(f"/tmp/s2v3_{args.size}.pth", args.size, seed=0)
         model = load_sovits_v3(path).to(dev, dtype).eval()
-        result["cfm"] = cfm_rows(model, dev, dtype, args)
+        if "cfm" in parts:
+            result["cfm"] = cfm_rows(model, dev, dtype, args)
+        if "cfm_kernels" in parts:
+            result["cfm_kernels"] = cfm_kernel_rows(model, dev, dtype, args)
         del model
-    if "bigvgan" in args.parts:
+    if "bigvgan" in parts:
         folder = make_bigvgan_folder(f"/tmp/bigvgan_{args.size}", args.size, seed=0)
         vocoder = load_bigvgan(folder).to(dev, dtype).eval()
         result["bigvgan"] = bigvgan_rows(vocoder, dev, dtype, args)

@@ -245,3 +245,72 @@ def test_cfm_graphs_are_dropped_when_the_dit_kernels_change(model, monkeypatch):
         assert graphs.runner(4) is not first
     finally:
         est.set_kernels(previous)
+
+
+def _cuda_triton() -> DiTKernels:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return dit_kernels({op: registry.resolve(op, "triton", "cuda") for op in DIT_OPS})
+
+
+@pytest.mark.gpu
+def test_cuda_ops_fp16_on_realistic_shapes():
+    _cuda_triton()
+    x, y, shift, scale, gate, mask = (t.cuda() for t in _block_inputs(b=2, n=640, d=1024, seed=6))
+    mask[1, 500:] = False
+    get = lambda op: (registry.get(op, "triton"), registry.reference(op))  # noqa: E731
+    kernel, ref = get(DIT_MODULATED_NORM)
+    assert rel_l2(kernel(*half((x, shift, scale)), EPS), ref(x, shift, scale, EPS)) <= FP16_TOL
+    kernel, ref = get(DIT_RESIDUAL_NORM)
+    got, want = (
+        kernel(*half((x, y, gate)), mask, *half((shift, scale)), EPS),
+        ref(x, y, gate, mask, shift, scale, EPS),
+    )
+    assert rel_l2(got[0], want[0]) <= FP16_TOL and rel_l2(got[1], want[1]) <= FP16_TOL
+    kernel, ref = get(DIT_GATED_RESIDUAL)
+    assert rel_l2(kernel(*half((x, y, gate))), ref(x, y, gate)) <= FP16_TOL
+    kernel, ref = get(DIT_ROPE)
+    qkv = torch.randn(2, 640, 3 * 1024, device="cuda")
+    angles = torch.randn(640, 32, device="cuda").repeat_interleave(2, dim=-1)
+    want_q, want_k = ref(qkv[..., :1024], qkv[..., 1024:2048], angles.cos(), angles.sin())
+    q, k, _ = qkv.half().split(1024, dim=-1)
+    got_q, got_k = kernel(q, k, angles.cos(), angles.sin())
+    assert rel_l2(got_q, want_q) <= FP16_TOL and rel_l2(got_k, want_k) <= FP16_TOL
+
+
+@pytest.mark.gpu
+def test_cuda_full_size_dit_with_triton_kernels_fp16_and_graphed():
+    kernels = _cuda_triton()
+    torch.manual_seed(0)
+    dit = DiT(
+        dim=1024, depth=22, heads=16, dim_head=64, ff_mult=2, mel_dim=100, text_dim=512, n_conv_layers=4
+    )
+    for block in dit.transformer_blocks:
+        torch.nn.init.normal_(block.attn_norm.linear.weight, std=0.02)
+    dit = dit.to("cuda", torch.float16).eval()
+    g = torch.Generator(device="cuda").manual_seed(7)
+    b, n = 2, 640
+    x, cond = (torch.randn(b, n, 100, device="cuda", generator=g).half() for _ in range(2))
+    mu = torch.randn(b, n, 512, device="cuda", generator=g).half()
+    t, d = torch.rand(b, device="cuda", generator=g).half(), torch.rand(b, device="cuda", generator=g).half()
+    mask = torch.ones(b, n, dtype=torch.bool, device="cuda")
+    mask[1, 500:] = False
+
+    def forward() -> torch.Tensor:
+        text_emb, d_emb = dit.condition(mu, d, mask)
+        return dit(x, cond, text_emb, t, d_emb, mask)
+
+    with torch.inference_mode():
+        native = forward()
+        dit.set_kernels(kernels)
+        fused = forward()
+        assert rel_l2(fused[mask], native[mask]) <= FP16_TOL
+        out = torch.empty_like(fused)
+        forward()  # warm up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(forward())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_l2(out, fused) <= 1e-5  # the graph replays the same kernels
+        dit.set_kernels(NATIVE_KERNELS)
