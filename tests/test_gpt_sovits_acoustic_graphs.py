@@ -380,6 +380,28 @@ def test_cuda_vocoder_graph_equals_eager(tiny_set, dtype):  # noqa: F811
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_vocoder_row_graphs_equal_eager(tiny_set, dtype):  # noqa: F811
+    """The stream engine's windows: 3 of one length replay the (4 rows, n) graph. The replay equals eager
+    BigVGAN on the graph's own (zero-padded) input bit for bit; each row equals its window vocoded alone
+    within fp rounding (a batch of 4 may take other cuDNN kernels than a batch of 1)."""
+    model = _cuda_model(tiny_set, dtype)
+    graphs, voc = model.pipeline.acoustic_graphs, model.pipeline.vocoder
+    tol = 5e-3 if dtype == torch.float32 else 3e-2  # fp32: cuDNN may use TF32 (as serving_gpu's bound)
+    with torch.inference_mode():
+        for n in (64, 128, 160):
+            mels = [(torch.randn(100, n, device="cuda") - 6).to(dtype) for _ in range(3)]
+            assert graphs.vocoder_eager_reason(3, n) is None
+            out = graphs.vocode_rows(voc, mels)
+            eager = vocode(voc, graphs.vocoder._input_of((4, n)))  # the graph's input, its 4th row zeros
+            assert torch.equal(out, eager[:3]), n
+            for row, mel in zip(out, mels):
+                alone = vocode(voc, mel[None])[0]
+                assert (row - alone).abs().max() <= tol * max(1.0, alone.abs().max().item()), n
+        assert {(4, 64), (4, 128), (4, 160)} <= set(graphs.vocoder.captured)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "dtype, min_snr_db", [(torch.float32, 50.0), (torch.float16, 25.0)]
 )  # as serving_gpu

@@ -1,8 +1,8 @@
 """The GPT-SoVITS v3 stream engine on a CUDA GPU (deselected in CI; the lead runs these on the H200).
 
-Tiny set, T2S graph-captured (preset full): in fp32 a stream's tokens and audio are the same alone
-and among others; in fp16 every stream decodes all its tokens, its audio is finite and its first
-chunk carries >= 0.25 s.
+Tiny set, T2S and acoustic stage graph-captured (preset full): in fp32 a stream's tokens and audio
+are the same alone and among others, every vocoder window replayed from a graph; in fp16 every stream
+decodes all its tokens, its audio is finite and its first chunk carries >= 0.25 s.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_cuda_graphs_fp32_alone_equals_among_others(cuda, tiny_set, reference_wa
     model = load(tiny_set, device=cuda, dtype="float32", cuda_graph_preset="full")
     engine = StreamEngine(model, ServingConfig(max_streams=4))
     assert engine.t2s.graphs.captured_buckets  # the T2S steps replay graphs
+    assert engine.vocoder_graphs_at_start  # and the vocoder windows' row graphs, captured at start
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     alone = [_run(engine, voice, [p]) for p in PARAMS]
     together, audio = _run(engine, voice, PARAMS)
@@ -53,6 +54,8 @@ def test_cuda_graphs_fp32_alone_equals_among_others(cuda, tiny_set, reference_wa
         assert got.shape == want.shape, i
         snr = 10 * np.log10(np.sum(want**2) / max(np.sum((got - want) ** 2), 1e-30))
         assert snr >= 50.0 and np.abs(got - want).max() <= 5e-3, (i, snr)
+    stats = engine.stats
+    assert stats.vocoder_eager == {} and stats.vocoder_replayed == stats.vocoder_rows > stats.vocoder_off_grid
 
 
 def test_fp16_streams_are_whole_and_start_with_a_quarter_second(cuda, tiny_set, reference_wav):  # noqa: F811
