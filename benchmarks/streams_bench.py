@@ -170,13 +170,20 @@ def run_level(engine: StreamEngine, voice: Voice, level: int, args, mix: dict[st
     return summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0)
 
 
+def diff(now, before):
+    """A counter's growth over a level (dict counters, such as eager vocoder windows by reason, per key)."""
+    if isinstance(now, dict):
+        return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+    return now - before
+
+
 def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) -> dict:
     done = [r for r in records if r.end is not None and r.error is None and r not in unfinished]
     firsts = [f for r in done if (f := r.first_audio()) is not None]
     late = {id(r): r.lateness() for r in done}
     underruns = [x for v in late.values() for x in v if x > 0]
     tokens = sum(len(t) for r in records if r.stream is not None for t in r.stream.tokens)
-    stats = {k: v - stats0[k] for k, v in engine.stats.to_dict().items()}
+    stats = {k: diff(v, stats0[k]) for k, v in engine.stats.to_dict().items()}
     n_steps = engine.scheduler.n_steps - steps0
     wall = t1 - t0
     return {
@@ -203,6 +210,9 @@ def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) 
         "encoder_rows_per_call": stats["encoder_rows"] / stats["encoder_calls"] if stats["encoder_calls"] else None,
         "cfm_rows_per_call": stats["cfm_rows"] / stats["cfm_calls"] if stats["cfm_calls"] else None,
         "vocoder_rows_per_call": stats["vocoder_rows"] / stats["vocoder_calls"] if stats["vocoder_calls"] else None,
+        "vocoder": {k: stats[k] for k in ("vocoder_calls", "vocoder_rows", "vocoder_replayed",
+                                          "vocoder_padded_rows", "vocoder_off_grid", "vocoder_eager",
+                                          "vocoder_flushes")},
         "rounds": stats["rounds"],
     }  # fmt: skip
 
@@ -277,7 +287,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-cfm-batch", type=int, default=32)
     p.add_argument("--max-encoder-batch", type=int, default=64, help="1: the SoVITS encoder per stream")
     p.add_argument("--max-vocoder-batch", type=int, default=64)
-    p.add_argument("--vocoder-bucket", type=int, default=16, help="vocoder window length multiple (frames)")
+    p.add_argument(
+        "--vocoder-bucket",
+        type=int,
+        default=ServingConfig.vocoder_bucket_frames,
+        help="vocoder window length multiple (frames)",
+    )
+    p.add_argument(
+        "--no-hold-vocoder",
+        action="store_true",
+        help="vocode each CFM batch's windows right after it (ServingConfig.hold_vocoder False)",
+    )
     p.add_argument("--urgent-s", type=float, default=0.5)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, default=None, help="default: --out with .png")
@@ -305,6 +325,7 @@ def main() -> None:
         max_cfm_batch=args.max_cfm_batch, max_vocoder_batch=args.max_vocoder_batch,
         max_encoder_batch=args.max_encoder_batch,
         urgent_s=args.urgent_s, vocoder_bucket_frames=args.vocoder_bucket,
+        hold_vocoder=not args.no_hold_vocoder,
     )  # fmt: skip
     t0 = time.perf_counter()
     engine = StreamEngine(model, config)
@@ -329,6 +350,9 @@ def main() -> None:
                         "t2s_tokens_per_s",
                         "first_audio_s",
                         "underruns",
+                        "stage_s",
+                        "vocoder_rows_per_call",
+                        "vocoder",
                     )
                 }
             )
@@ -342,7 +366,8 @@ def main() -> None:
                               expected_audio_s_per_stream=expected_seconds(args, mix))  # fmt: skip
     record.update(
         profile=args.profile, optimization_manifest=manifest, engine_config=vars(config),
-        t2s_graphs=len(engine.t2s.graphs.captured_buckets), setup_s={"set": set_s, "load": load_s,
+        t2s_graphs=len(engine.t2s.graphs.captured_buckets), vocoder_graphs_at_start=engine.vocoder_graphs_at_start,
+        setup_s={"set": set_s, "load": load_s,
         "engine": engine_s, "warm_up": warm_s}, levels=rows, skipped_levels_for_budget=skipped,
         total_s=time.perf_counter() - t_start,
     )  # fmt: skip
