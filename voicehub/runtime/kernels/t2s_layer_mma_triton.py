@@ -73,10 +73,13 @@ class MmaConfig:
                 raise ValueError(f"MmaConfig.{name} must be >= {MIN_DOT} (tl.dot's smallest tile)")
 
 
-# (dim, ffn_dim, n_head, vocab) -> config. v3 at 64 rows: 4 row blocks x 48 qkv, 16 out-proj and
-# ffn2, 32 ffn1, 33 head programs; K chunks of 128 (4 for D, 16 for the FFN's 2048). Not yet tuned
-# on the H200: benchmarks/t2s_layer_bench.py sweeps it (mma_sweep rows)
-CONFIGS = {(512, 2048, 16, 1025): MmaConfig(block_k=128)}
+# (dim, ffn_dim, n_head, vocab) -> config. v3: tuned on the H200 by `t2s_layer_bench.py --mma-grid`
+# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,407 us a step; 16 and 128 rows
+# faster too). K chunks of 256; attention programs walk 8 tiles of 128 slots (a whole 1,024-slot
+# bucket in one program: no partials, no merge); PDL off (slower for this stack on the H200).
+CONFIGS = {
+    (512, 2048, 16, 1025): MmaConfig(block_k=256, attn_block=128, attn_tiles=8, attn_warps=2, pdl=False)
+}
 
 
 def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
