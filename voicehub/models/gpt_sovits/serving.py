@@ -120,9 +120,8 @@ class StreamEngine:
         lengths = windows if graphs.preset is GraphPreset.MINIMAL else range(bucket, max(windows) + 1, bucket)
         shapes = []
         for n in sorted(n for n in lengths if n % bucket == 0):
-            most = graphs.vocoder.key(min(self.config.max_vocoder_batch, graphs.vocoder.rows_per_call(n)), n)[
-                0
-            ]
+            rows = min(self.config.max_vocoder_batch, graphs.vocoder.rows_per_call(n))
+            most, _ = graphs.vocoder.key(rows, n)  # the largest row bucket a call of n frames takes
             shapes += [(r, n) for r in graphs.vocoder.row_buckets if r <= most]
         return shapes
 
