@@ -39,6 +39,9 @@ from voicehub.runtime.scheduler import ContinuousScheduler
 FP32_TOL, FP16_TOL = 1e-5, 1e-2  # rel. L2
 MODULE = "voicehub.runtime.kernels.t2s_layer_mma_triton"
 BLOCKS = {"block_m": 16, "block_n": 16, "block_k": 16, "ffn_block": 32, "attn_block": 16}
+# split-K in every GEMM: qkv and out-proj (K 32: 2 chunks) one chunk a split, ffn1 two empty splits of
+# four, ffn2 (K 128: 8 chunks) two chunks a split
+SPLITS = {"qkv_splits": 2, "out_splits": 2, "ffn1_splits": 4, "ffn2_splits": 4}
 # 18 rows: two row blocks; lengths at the bucket's end, empty, mid-block and on block edges
 LENGTHS = [71, 0, 33, 45, 5, 16, 15, 17, 1, 2, 64, 47, 48, 31, 32, 60, 9, 70]
 
@@ -60,27 +63,29 @@ def mk():
 
 
 # attn_tiles: 1 (a program per 16-slot block, merged), 2 (two tiles per program, online softmax,
-# merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge)
-@pytest.mark.parametrize(("dtype", "tiles"), [(torch.float32, 1), (torch.float16, 1), (torch.float32, 2),
-                                              (torch.float16, 8)])  # fmt: skip
-def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles):
+# merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge); split: SPLITS
+@pytest.mark.parametrize(("dtype", "tiles", "split"), [(torch.float32, 1, False), (torch.float16, 1, False),
+                                                       (torch.float32, 2, False), (torch.float16, 8, False),
+                                                       (torch.float32, 2, True), (torch.float16, 8, True)])  # fmt: skip
+def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split):
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
     k_want, v_want = as_float(k), as_float(v)
     want = ref.decode_stack_reference(
         x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
     )
-    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=mk.MmaConfig(**BLOCKS, attn_tiles=tiles))
+    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, **(SPLITS if split else {}))
+    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=cfg)
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
     assert got.dtype == dtype and rel_l2(got, want) <= tol
     assert rel_l2(as_float(k), k_want) <= tol and rel_l2(as_float(v), v_want) <= tol
     assert not got.isnan().any()
 
 
-@pytest.mark.parametrize("tiles", [1, 2, 8])
-def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles):
+@pytest.mark.parametrize(("tiles", "split"), [(1, False), (2, False), (8, False), (2, True)])
+def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split):
     # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
     # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
-    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles)
+    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, **(SPLITS if split else {}))
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
     five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
     big = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg)
@@ -93,6 +98,31 @@ def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles):
         assert torch.equal(alone[0], big[row]), (row, n_slots)
         if row < 5:
             assert torch.equal(alone[0], five[row]), (row, n_slots)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 8])
+def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, splits):
+    # K 128 in chunks of 16: 8 chunks in 1, 2 or 8 splits; twice on one scratch (the counters reset)
+    cfg = mk.MmaConfig(**BLOCKS, ffn2_splits=splits)
+    x, w, k, _, _ = stack_inputs(18, torch.float32, LENGTHS)
+    s = mk.Scratch.allocate(18, w, k.shape[3], cfg)
+    s.h.copy_(torch.randn(s.h.shape, generator=torch.Generator().manual_seed(5)))
+    want = s.h.double() @ w.layers[0].ffn2_weight.double().T
+    outs = []
+    for _ in range(2):
+        s.out_ffn.fill_(float("nan"))
+        mk.ffn2_stage(s, w.layers[0], cfg)
+        outs.append(s.out_ffn.clone())
+        assert not s.gemm_count.any()
+    assert rel_l2(outs[0], want) <= FP32_TOL and torch.equal(outs[0], outs[1])
+    if splits > 1:  # the partials' fixed-order sum, from the scratch the kernel left behind
+        n_tiles = SHAPE["dim"] // BLOCKS["block_n"]
+        part = s.gemm_part[: 2 * n_tiles * splits * 16 * 16].view(2, n_tiles, splits, 16, 16)
+        summed = part[:, :, 0].clone()
+        for i in range(1, splits):
+            summed += part[:, :, i]
+        summed = summed.permute(0, 2, 1, 3).reshape(32, SHAPE["dim"])[:18]
+        assert torch.equal(summed, outs[0])
 
 
 def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
@@ -117,6 +147,8 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(attn_block=48)
     with pytest.raises(ValueError, match="smallest tile"):
         mk.MmaConfig(block_m=8)
+    with pytest.raises(ValueError, match="power of two"):
+        mk.MmaConfig(ffn2_splits=3)
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
 
 
@@ -193,19 +225,23 @@ FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 
 
 @pytest.mark.gpu
-# the table's config (through the registry), and one attention program per (row, head) over the whole
-# cache (128-slot tiles x 8: no merge) for fp16
+# the table's config (through the registry), one attention program per (row, head) over the whole
+# cache (128-slot tiles x 8: no merge) for fp16, and split-K in every GEMM (fp16, fp32)
 @pytest.mark.parametrize(
-    ("dtype", "attn_tiles"), [(torch.float16, None), (torch.float32, None), (torch.float16, 8)]
-)
-def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(dtype, attn_tiles):
+    ("dtype", "attn_tiles", "split"),
+    [(torch.float16, None, False), (torch.float32, None, False), (torch.float16, 8, False),
+     (torch.float16, 8, True), (torch.float32, 8, True)],
+)  # fmt: skip
+def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(dtype, attn_tiles, split):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     stack = registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cuda")
     if attn_tiles is not None:
         mk = importlib.import_module(MODULE)
+        # split: ffn2 (K 2048) 8 splits of two 128-chunks, qkv / out / ffn1 (K 512) 2, 4 and 8 of 4, 1, 1 chunks
+        splits = {"qkv_splits": 2, "out_splits": 4, "ffn1_splits": 4, "ffn2_splits": 8} if split else {}
         stack = functools.partial(mk.decode_stack_mma, config=mk.MmaConfig(block_k=128, attn_block=128,
-                                                                           attn_tiles=attn_tiles))  # fmt: skip
+                                                                           attn_tiles=attn_tiles, **splits))  # fmt: skip
     lengths = torch.tensor([730, 0, 1023, 300, 17, 511, 64, 65, 1, 900, 5, 640, 128, 129, 33, 700, 450, 2, 999, 256],
                            device="cuda")  # fmt: skip
     n_rows = lengths.numel()  # two row blocks of 16

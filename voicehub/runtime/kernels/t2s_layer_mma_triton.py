@@ -11,7 +11,8 @@ re-reads every weight tile per row group. Here each GEMM program multiplies BLOC
              (an int32 counter per program, not per element) merges the blocks in a fixed order and
              writes the head's 32 values, rounded to the model dtype (a block as large as the cache:
              one program per (row, head), no partials and no merge);
-  out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K);
+  out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K, or
+             with out_splits > 1 a fixed part of K, summed in split order by the last to finish);
   ffn1       LN1(x + out + b_o) @ W1^T + b1, relu, stored in the model dtype (as torch rounds it);
   ffn2       h @ W2^T, stored as fp32: the next layer's qkv (or the head) adds b2 and normalises.
 No sum crosses programs but the attention merge, so nothing waits on float atomics and nothing is
@@ -34,6 +35,12 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
+    _split_is_last,
+    _split_sum,
+    k_span,
+    split_scratch,
+)
 from voicehub.runtime.kernels.t2s_layer_triton import (
     _await_previous,
     _launch,
@@ -49,7 +56,9 @@ class MmaConfig:
     """Rows per GEMM program (block_m), outputs per qkv / out-proj / ffn2 / head program (block_n),
     the reduction chunk (block_k), hidden units per ffn1 program (ffn_block), KV slots per attention
     tile (attn_block) and tiles per attention program (attn_tiles: a program covers attn_block *
-    attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps.
+    attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
+    qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
+    the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
     Every field changes the order of float operations or the MMA instruction: fixed per model shape,
     never chosen by the batch size or the bucket."""
 
@@ -63,6 +72,10 @@ class MmaConfig:
     attn_warps: int = 4
     gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
     pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
+    qkv_splits: int = 1
+    out_splits: int = 1
+    ffn1_splits: int = 1
+    ffn2_splits: int = 1
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -158,14 +171,15 @@ def _x_chunk(
 @triton.jit
 def _normed_dot(
     x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, w_ptr, keep_ptr, keep, rows, rmask, outs, n_out, dim, eps,
-    RAW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    k_lo, k_hi, RAW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, dtype: tl.constexpr,
 ):  # fmt: skip
-    # [BLOCK_M, BLOCK_N] fp32 = x @ W[outs]^T, x = the raw rows (RAW) or LN(x + rnd(out + bias)); keep:
-    # this program also stores x (the layer's residual) to keep_ptr. The first chunk is peeled: its
+    # [BLOCK_M, BLOCK_N] fp32 = x[:, k_lo:k_hi] @ W[outs, k_lo:k_hi]^T (k_lo a multiple of BLOCK_K), x = the
+    # raw rows (RAW) or LN(x + rnd(out + bias)) (statistics over the whole row); keep: this program also
+    # stores x's columns k_lo:k_hi (the layer's residual) to keep_ptr. The first chunk is peeled: its
     # weights (W's whole tile when BLOCK_K covers the row) are read before waiting for the previous
     # kernel (PDL); the loop's loads are left plain for Triton's software pipelining.
-    ks = tl.arange(0, BLOCK_K)
+    ks = k_lo + tl.arange(0, BLOCK_K)
     w = _w_chunk(w_ptr, outs, n_out, ks, dim)
     _await_previous(PDL)
     mean = tl.zeros([BLOCK_M], tl.float32)  # unused by RAW
@@ -175,7 +189,7 @@ def _normed_dot(
     x = _x_chunk(x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim, mean,
                  inv_std, RAW, dtype)  # fmt: skip
     acc = _mm(x, w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
-    for k0 in range(BLOCK_K, dim, BLOCK_K):
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         x = _x_chunk(x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim,
                      mean, inv_std, RAW, dtype)  # fmt: skip
@@ -186,26 +200,46 @@ def _normed_dot(
 @triton.jit
 def _qkv_kernel(
     x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, bias_ptr,
-    q_ptr, xa_ptr, count_ptr, k_ptr, v_ptr, len_ptr,
-    n_rows, dim, max_slots, eps, skb, skh, sks, svb, svh, svs,
+    q_ptr, xa_ptr, count_ptr, k_ptr, v_ptr, len_ptr, part_ptr, gcount_ptr,
+    n_rows, dim, max_slots, eps, k_span, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
+    pid, split = tl.program_id(0), tl.program_id(2)
     dtype = q_ptr.dtype.element_ty
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_rows
     outs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = split * k_span
     acc = _normed_dot(
         x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, pid == 0, rows, rmask, outs, 3 * dim,
-        dim, eps, FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
+        dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL,
+        dtype,
     )  # fmt: skip
     # the counters the attention kernel adds to start at 0 (after the wait: the last one read them)
-    if pid == 0:
+    if pid + split == 0:
         heads = tl.arange(0, HEADS)
         tl.store(count_ptr + rows[:, None] * N_HEAD + heads[None, :], tl.zeros([BLOCK_M, HEADS], tl.int32),
                  mask=rmask[:, None] & (heads < N_HEAD)[None, :])  # fmt: skip
+    if SPLITS == 1:
+        _qkv_out(acc, bias_ptr, q_ptr, k_ptr, v_ptr, len_ptr, rows, rmask, outs, dim, max_slots, skb, skh, sks,
+                 svb, svh, svs, HEAD_DIM)  # fmt: skip
+    else:
+        tile = tl.program_id(1) * tl.num_programs(0) + pid
+        if _split_is_last(acc, part_ptr, gcount_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS):
+            acc = _split_sum(part_ptr, gcount_ptr, tile, BLOCK_M, BLOCK_N, SPLITS)
+            _qkv_out(acc, bias_ptr, q_ptr, k_ptr, v_ptr, len_ptr, rows, rmask, outs, dim, max_slots, skb, skh,
+                     sks, svb, svh, svs, HEAD_DIM)  # fmt: skip
+
+
+@triton.jit
+def _qkv_out(
+    acc, bias_ptr, q_ptr, k_ptr, v_ptr, len_ptr, rows, rmask, outs, dim, max_slots, skb, skh, sks, svb, svh, svs,
+    HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    # rnd(acc + bias) [BLOCK_M, BLOCK_N]: q to its buffer, k and v into the cache at slot lengths[row]
+    dtype = q_ptr.dtype.element_ty
     bias = tl.load(bias_ptr + outs, mask=outs < 3 * dim, other=0.0).to(tl.float32)
     y = (acc + bias[None, :]).to(dtype)
     part, head, d = outs // dim, (outs % dim) // HEAD_DIM, outs % HEAD_DIM  # part 0: q, 1: k, 2: v
@@ -292,40 +326,64 @@ def _a_chunk(a_ptr, rows, rmask, ks, n_in):
 
 @triton.jit
 def _linear_kernel(
-    a_ptr, w_ptr, out_ptr, n_rows, n_out, n_in,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    PDL: tl.constexpr,
+    a_ptr, w_ptr, out_ptr, part_ptr, gcount_ptr, n_rows, n_out, n_in, k_span,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # out [B, n_out] fp32 = a [B, n_in] @ W [n_out, n_in]^T, bias-free (the next kernel adds it)
+    split = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask, omask = rows < n_rows, outs < n_out
-    ks = tl.arange(0, BLOCK_K)
+    k_lo = split * k_span
+    ks = k_lo + tl.arange(0, BLOCK_K)
     w = _w_chunk(w_ptr, outs, n_out, ks, n_in)  # the peeled first chunk's weights before the wait
     _await_previous(PDL)
     acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
-    for k0 in range(BLOCK_K, n_in, BLOCK_K):
+    for k0 in range(k_lo + BLOCK_K, tl.minimum(n_in, k_lo + k_span), BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), _w_chunk(w_ptr, outs, n_out, ks, n_in), acc, IEEE)
-    tl.store(out_ptr + rows[:, None] * n_out + outs[None, :], acc, mask=rmask[:, None] & omask[None, :])
+    offs, mask = rows[:, None] * n_out + outs[None, :], rmask[:, None] & omask[None, :]
+    if SPLITS == 1:
+        tl.store(out_ptr + offs, acc, mask=mask)
+    else:
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if _split_is_last(acc, part_ptr, gcount_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS):
+            tl.store(
+                out_ptr + offs, _split_sum(part_ptr, gcount_ptr, tile, BLOCK_M, BLOCK_N, SPLITS), mask=mask
+            )
 
 
 @triton.jit
 def _ffn1_kernel(
-    xa_ptr, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, xf_ptr, h_ptr, n_rows, dim, ffn_dim, eps,
+    xa_ptr, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, xf_ptr, h_ptr, part_ptr, gcount_ptr,
+    n_rows, dim, ffn_dim, eps, k_span,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # x1 = LN1(x + rnd(out + b_o)) (program 0 keeps it: the FFN's residual); h = relu(rnd(x1 W1^T + b1))
-    pid = tl.program_id(0)
-    dtype = h_ptr.dtype.element_ty
+    # x1 = LN1(x + rnd(out + b_o)) (programs 0 keep it: the FFN's residual); h = relu(rnd(x1 W1^T + b1))
+    pid, split = tl.program_id(0), tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_rows
     hid = pid * BLOCK_F + tl.arange(0, BLOCK_F)
+    k_lo = split * k_span
     acc = _normed_dot(
         xa_ptr, dim, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, xf_ptr, pid == 0, rows, rmask, hid, ffn_dim,
-        dim, eps, False, BLOCK_M, BLOCK_F, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
+        dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), False, BLOCK_M, BLOCK_F, BLOCK_K, BLOCK_D, IEEE, PDL,
+        h_ptr.dtype.element_ty,
     )  # fmt: skip
+    if SPLITS == 1:
+        _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim)
+    else:
+        tile = tl.program_id(1) * tl.num_programs(0) + pid
+        if _split_is_last(acc, part_ptr, gcount_ptr, tile, split, BLOCK_M, BLOCK_F, SPLITS):
+            _ffn1_out(_split_sum(part_ptr, gcount_ptr, tile, BLOCK_M, BLOCK_F, SPLITS), b1_ptr, h_ptr, rows,
+                      rmask, hid, ffn_dim)  # fmt: skip
+
+
+@triton.jit
+def _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim):
+    dtype = h_ptr.dtype.element_ty
     b1 = tl.load(b1_ptr + hid, mask=hid < ffn_dim, other=0.0).to(tl.float32)
     h = tl.maximum((acc + b1[None, :]).to(dtype), 0.0).to(dtype)
     tl.store(
@@ -345,7 +403,7 @@ def _head_kernel(
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _normed_dot(
         xf_ptr, dim, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, xf_ptr, False, rows, rmask, outs, vocab, dim,
-        eps, False, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
+        eps, 0, dim, False, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
     )  # fmt: skip
     mask = rmask[:, None] & (outs < vocab)[None, :]
     tl.store(logits_ptr + rows[:, None] * vocab + outs[None, :], acc.to(dtype), mask=mask)
@@ -356,7 +414,8 @@ class Scratch:
     """Buffers the kernels hand to each other, [B, D] unless noted: q, x_attn (a layer's input),
     x_ffn (LN1's output), attn (merged heads), model dtype; out_attn, out_ffn (bias-free linear
     outputs, fp32); h [B, F] (the FFN's hidden units); count [B, H] int32; the attention blocks'
-    partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32)."""
+    partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32); the split GEMMs' partials
+    gemm_part (fp32) and their per-tile counters gemm_count (int32, zero between kernels)."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -370,6 +429,8 @@ class Scratch:
     l: torch.Tensor  # noqa: E741
     part: torch.Tensor
     splits: int  # attention blocks of the whole cache: the merge's fixed shape
+    gemm_part: torch.Tensor
+    gemm_count: torch.Tensor
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
@@ -378,7 +439,10 @@ class Scratch:
         xs = torch.empty(4, n_rows, dim, device=dev, dtype=dtype)
         outs = torch.empty(2, n_rows, dim, device=dev, dtype=torch.float32)
         h = torch.empty(n_rows, ffn_dim, device=dev, dtype=dtype)
-        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)))
+        gemms = [(3 * dim, cfg.block_n, cfg.qkv_splits), (dim, cfg.block_n, cfg.out_splits),
+                 (ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]  # fmt: skip
+        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)),
+                   *split_scratch(n_rows, cfg.block_m, gemms, dev))  # fmt: skip
 
 
 def _attn_span(cfg: MmaConfig) -> int:
@@ -399,12 +463,12 @@ def qkv_stage(
     k and v at slot lengths; zeroes s.count."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     p = prev or layer  # unused by the first layer
-    _qkv_kernel[(triton.cdiv(3 * dim, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
+    _qkv_kernel[(triton.cdiv(3 * dim, cfg.block_n), triton.cdiv(n_rows, cfg.block_m), cfg.qkv_splits)](
         x_in, x_in.stride(0), s.out_ffn, p.ffn2_bias, p.norm2_weight, p.norm2_bias, layer.qkv_weight,
-        layer.qkv_bias, s.q, s.x_attn, s.count, k_layer, v_layer, lengths,
-        n_rows, dim, k_layer.shape[2], eps, *k_layer.stride()[:3], *v_layer.stride()[:3],
-        N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head, FIRST=prev is None,
-        BLOCK_N=cfg.block_n, **_dims(s, cfg),
+        layer.qkv_bias, s.q, s.x_attn, s.count, k_layer, v_layer, lengths, s.gemm_part, s.gemm_count,
+        n_rows, dim, k_layer.shape[2], eps, k_span(dim, cfg.block_k, cfg.qkv_splits), *k_layer.stride()[:3],
+        *v_layer.stride()[:3], N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head,
+        FIRST=prev is None, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits, **_dims(s, cfg),
     )  # fmt: skip
 
 
@@ -424,24 +488,39 @@ def attention_stage(
     )  # fmt: skip
 
 
-def linear_stage(a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: MmaConfig) -> None:
-    """out [B, N] fp32 = a [B, K] @ weight [N, K]^T (the out-projection and the FFN's second linear)."""
+def linear_stage(
+    s: Scratch, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, cfg: MmaConfig
+) -> None:
+    """out [B, N] fp32 = a [B, K] @ weight [N, K]^T, K in `splits` fixed parts (s.gemm_part, s.gemm_count)."""
     n_rows, n_in = a.shape
     n_out = weight.shape[0]
-    _linear_kernel[(triton.cdiv(n_out, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
-        a, weight, out, n_rows, n_out, n_in, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+    _linear_kernel[(triton.cdiv(n_out, cfg.block_n), triton.cdiv(n_rows, cfg.block_m), splits)](
+        a, weight, out, s.gemm_part, s.gemm_count, n_rows, n_out, n_in, k_span(n_in, cfg.block_k, splits),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLITS=splits,
         IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages,
         **_launch(cfg, a.device),
     )  # fmt: skip
+
+
+def out_proj_stage(s: Scratch, layer: LayerWeights, cfg: MmaConfig) -> None:
+    """s.attn @ W_o^T -> s.out_attn (fp32, bias-free)."""
+    linear_stage(s, s.attn, layer.out_weight, s.out_attn, cfg.out_splits, cfg)
+
+
+def ffn2_stage(s: Scratch, layer: LayerWeights, cfg: MmaConfig) -> None:
+    """s.h @ W2^T -> s.out_ffn (fp32, bias-free)."""
+    linear_stage(s, s.h, layer.ffn2_weight, s.out_ffn, cfg.ffn2_splits, cfg)
 
 
 def ffn1_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """x1 = LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn; relu(x1 W1^T + b1) -> s.h."""
     n_rows, dim = s.q.shape
     ffn_dim = s.h.shape[1]
-    _ffn1_kernel[(triton.cdiv(ffn_dim, cfg.ffn_block), triton.cdiv(n_rows, cfg.block_m))](
+    _ffn1_kernel[(triton.cdiv(ffn_dim, cfg.ffn_block), triton.cdiv(n_rows, cfg.block_m), cfg.ffn1_splits)](
         s.x_attn, s.out_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, layer.ffn1_weight,
-        layer.ffn1_bias, s.x_ffn, s.h, n_rows, dim, ffn_dim, eps, BLOCK_F=cfg.ffn_block, **_dims(s, cfg),
+        layer.ffn1_bias, s.x_ffn, s.h, s.gemm_part, s.gemm_count, n_rows, dim, ffn_dim, eps,
+        k_span(dim, cfg.block_k, cfg.ffn1_splits), BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits,
+        **_dims(s, cfg),
     )  # fmt: skip
 
 
@@ -478,9 +557,9 @@ def decode_stack_mma(
     for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
         attention_stage(s, k_cache[i], v_cache[i], lengths, n_slots, cfg)
-        linear_stage(s.attn, layer.out_weight, s.out_attn, cfg)
+        out_proj_stage(s, layer, cfg)
         ffn1_stage(s, layer, weights.eps, cfg)
-        linear_stage(s.h, layer.ffn2_weight, s.out_ffn, cfg)
+        ffn2_stage(s, layer, cfg)
         x_in, prev = s.x_ffn, layer
     logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
     head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
