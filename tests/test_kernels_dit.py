@@ -289,12 +289,12 @@ def test_cuda_ops_fp16_on_realistic_shapes():
 def test_cuda_full_size_dit_with_triton_kernels_fp16_and_graphed():
     kernels = _cuda_triton()
     torch.manual_seed(0)
-    dit = DiT(
-        dim=1024, depth=22, heads=16, dim_head=64, ff_mult=2, mel_dim=100, text_dim=512, n_conv_layers=4
-    )
-    for block in dit.transformer_blocks:
-        torch.nn.init.normal_(block.attn_norm.linear.weight, std=0.02)
-    dit = dit.to("cuda", torch.float16).eval()
+    with torch.device("cuda"):  # random init of ~320 M parameters: on the GPU, not the CPU
+        full = dict(dim=1024, depth=22, heads=16, dim_head=64, ff_mult=2, mel_dim=100, text_dim=512)
+        dit = DiT(**full, n_conv_layers=4)
+        for block in dit.transformer_blocks:
+            torch.nn.init.normal_(block.attn_norm.linear.weight, std=0.02)
+    dit = dit.half().eval()
     g = torch.Generator(device="cuda").manual_seed(7)
     b, n = 2, 640
     x, cond = (torch.randn(b, n, 100, device="cuda", generator=g).half() for _ in range(2))
