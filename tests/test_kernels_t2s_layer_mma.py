@@ -113,7 +113,7 @@ def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, 
         s.out_ffn.fill_(float("nan"))
         mk.ffn2_stage(s, w.layers[0], cfg)
         outs.append(s.out_ffn.clone())
-        assert not s.gemm_count.any()
+        assert splits == 1 or not s.gemm_count.any()  # one split: no counter (an unzeroed placeholder)
     assert rel_l2(outs[0], want) <= FP32_TOL and torch.equal(outs[0], outs[1])
     if splits > 1:  # the partials' fixed-order sum, from the scratch the kernel left behind
         n_tiles = SHAPE["dim"] // BLOCKS["block_n"]

@@ -49,10 +49,12 @@ def split_scratch(
     n_rows: int, block_m: int, gemms: list[tuple[int, int, int]], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(part fp32, count int32 zeroed) large enough for every GEMM of `gemms`: (n_out, block_n, splits).
-    One pair serves every GEMM in turn: each leaves the counters at 0 when it ends."""
+    One pair serves every GEMM in turn: each leaves the counters at 0 when it ends (zeroed here once per
+    call: a scratch reused across calls stays valid)."""
     row_blocks = triton.cdiv(n_rows, block_m)
     tiles = [row_blocks * triton.cdiv(n_out, block_n) for n_out, block_n, _ in gemms]
     parts = [t * s * block_m * bn for t, (_, bn, s) in zip(tiles, gemms) if s > 1]
     part = torch.empty(max(parts, default=1), device=device, dtype=torch.float32)
-    count = torch.zeros(max(tiles) if parts else 1, device=device, dtype=torch.int32)
-    return part, count
+    if not parts:  # no split GEMM: nothing counts, and no memset joins the step's graph
+        return part, torch.empty(1, device=device, dtype=torch.int32)
+    return part, torch.zeros(max(tiles), device=device, dtype=torch.int32)
