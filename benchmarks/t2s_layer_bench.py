@@ -88,9 +88,13 @@ MMA_SWEEP = (  # the many-row stack's config, one field at a time around the tab
     {"pdl": False},
 )
 # --mma-grid: a coordinate search over these values, starting from every single change that won in
-# the H200 sweep (benchmarks/results/t2s_layer_sweep_h200.json); attention fields first (they
-# recompile one kernel), then the GEMMs'
+# the H200 sweep (benchmarks/results/t2s_layer_sweep_h200.json); the GEMMs' split-K first (new: the
+# rest was tuned by the last grid), then the attention fields (they recompile one kernel), then the GEMMs'
 MMA_GRID = {
+    "ffn2_splits": (1, 2, 4, 8),
+    "qkv_splits": (1, 2, 4),
+    "out_splits": (1, 2, 4),
+    "ffn1_splits": (1, 2, 4),
     "attn_block": (128, 256),
     "attn_tiles": (1, 2, 4, 8),
     "attn_warps": (2, 4),
@@ -201,11 +205,11 @@ def mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Calla
             if n_kernels > 1:
                 mk.attention_stage(s, k[i], v[i], lengths, n_slots, cfg)
             if n_kernels > 2:
-                mk.linear_stage(s.attn, layer.out_weight, s.out_attn, cfg)
+                mk.out_proj_stage(s, layer, cfg)
             if n_kernels > 3:
                 mk.ffn1_stage(s, layer, w.eps, cfg)
             if n_kernels > 4:
-                mk.linear_stage(s.h, layer.ffn2_weight, s.out_ffn, cfg)
+                mk.ffn2_stage(s, layer, cfg)
             x_in, prev = s.x_ffn, layer
         if n_kernels > 5:
             mk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)
