@@ -66,6 +66,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # session 5: the padded graph prefill, window-aligned decode_iter, and the mma stack's GPU tests
     prefilltests) step prefill-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_t2s_prefill.py \
       tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
+    dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-220}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
         --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-150}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
