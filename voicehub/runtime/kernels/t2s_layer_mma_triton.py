@@ -87,11 +87,22 @@ class MmaConfig:
 
 
 # (dim, ffn_dim, n_head, vocab) -> config. v3: tuned on the H200 by `t2s_layer_bench.py --mma-grid`
-# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,407 us a step; 16 and 128 rows
+# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,375 us a step; 16 and 128 rows
 # faster too). K chunks of 256; attention programs walk 8 tiles of 128 slots (a whole 1,024-slot
-# bucket in one program: no partials, no merge); PDL off (slower for this stack on the H200).
+# bucket in one program: no partials, no merge); out-proj, FFN1 and FFN2 split K in 4, 2 and 4 fixed
+# parts; PDL off (slower for this stack on the H200).
 CONFIGS = {
-    (512, 2048, 16, 1025): MmaConfig(block_k=256, attn_block=128, attn_tiles=8, attn_warps=2, pdl=False)
+    (512, 2048, 16, 1025): MmaConfig(
+        block_k=256,
+        attn_block=128,
+        attn_tiles=8,
+        attn_warps=2,
+        gemm_stages=2,
+        pdl=False,
+        out_splits=4,
+        ffn1_splits=2,
+        ffn2_splits=4,
+    )  # fmt: skip
 }
 
 
