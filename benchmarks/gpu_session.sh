@@ -51,7 +51,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
     # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
-    e2e) step e2e 340 python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
+    e2e) step e2e "${E2E_LIMIT:-340}" python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
     streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
     # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack,
@@ -66,6 +66,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # session 5: the padded graph prefill, window-aligned decode_iter, and the mma stack's GPU tests
     prefilltests) step prefill-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_t2s_prefill.py \
       tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
+    cfmkernels) step cfm-kernels 120 python3 benchmarks/acoustic_bench.py --parts cfm_kernels --out "$OUT/cfm_kernels_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-220}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
