@@ -18,9 +18,12 @@ from voicehub.runtime.kernels.outputs import check_out
 
 MAX_DIM = 8192  # a row lives in one program's registers
 ROPE_ROWS = 16  # frames per program of the rotary kernel
+# Frame counts vary per request (the per-sentence path's CFM runs at any length): unspecialised, so a
+# length of another divisibility does not build new kernels in a request (~0.8 s a length on the H200).
+_ANY_LENGTH = dict(do_not_specialize=["n_frames"])
 
 
-@triton.jit
+@triton.jit(**_ANY_LENGTH)
 def _modulated_norm_kernel(
     x_ptr, y_ptr, gate_ptr, mask_ptr, shift_ptr, scale_ptr, res_ptr, out_ptr,
     n_frames, dim, gate_stride, shift_stride, scale_stride, eps,
@@ -49,7 +52,7 @@ def _modulated_norm_kernel(
     tl.store(out_ptr + row * dim + cols, y_out.to(out_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(**_ANY_LENGTH)
 def _gated_residual_kernel(x_ptr, y_ptr, gate_ptr, out_ptr, n_frames, dim, gate_stride, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     b = row // n_frames
@@ -62,7 +65,7 @@ def _gated_residual_kernel(x_ptr, y_ptr, gate_ptr, out_ptr, n_frames, dim, gate_
     tl.store(out_ptr + row * dim + cols, (x + gy.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "n_frames"])
 def _rope_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, n_rows, n_frames, rot,
     q_batch_stride, q_frame_stride, k_batch_stride, k_frame_stride,
