@@ -252,6 +252,16 @@ def test_cfm_graphs_are_dropped_when_the_dit_kernels_change(model, monkeypatch):
         assert graphs.runner(4) is not first
     finally:
         est.set_kernels(previous)
+    # torch -> native -> torch with no CFM call between: the same kernel set as captured, but q/k/v
+    # were packed into new storage, so graphs of the old storage must not replay
+    est.set_kernels(_kernel_set("torch"))
+    try:
+        packed = graphs.runner(4)
+        est.set_kernels(previous)
+        est.set_kernels(_kernel_set("torch"))
+        assert graphs.runner(4) is not packed
+    finally:
+        est.set_kernels(previous)
 
 
 def _cuda_triton() -> DiTKernels:

@@ -153,7 +153,7 @@ class CfmGraphs:
     def runner(self, n_steps: int) -> BucketedGraphRunner:
         """The graphs of `n_steps` (made on first need); all are dropped when the solver changed."""
         est = self.estimator
-        identity = (est.schedule, est.step_cache, est.kernels, forwards_of(est))
+        identity = (est.schedule, est.step_cache, est.kernels, est.weights_version, forwards_of(est))
         if identity != self._identity:
             self.reset()
             self._identity = identity

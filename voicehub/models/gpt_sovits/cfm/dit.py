@@ -323,12 +323,16 @@ class DiT(nn.Module):
         self.proj_out = nn.Linear(dim, mel_dim)
         self.schedule: Schedule = uniform_steps
         self.step_cache: StepCache | None = None
+        self.weights_version = 0  # bumped when set_kernels moves weights (graph identity)
         self.kernels = NATIVE_KERNELS
 
     def set_kernels(self, kernels: DiTKernels) -> DiTKernels:
         """Run the block ops through `kernels` from now on (packing or unpacking q/k/v's weights as it
         says); returns the previous set. CUDA graphs captured before run the old functions."""
         previous, self.kernels = self.kernels, kernels
+        # Packing and unpacking move q/k/v's weights to new storage: graphs captured on the old
+        # storage must not replay (an A -> B -> A change leaves `kernels` as it was, not the storage).
+        self.weights_version += 1
         for block in self.transformer_blocks:
             block.kernels = block.attn.kernels = kernels
             if kernels.is_qkv_packed:
