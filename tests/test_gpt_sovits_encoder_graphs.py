@@ -4,7 +4,9 @@ CPU, fp32, with the stand-in runner of test_gpt_sovits_acoustic_graphs (a "repla
 into the captured outputs): a prefix padded to its (tokens, phonemes) bucket equals `decode_encp` of the
 unpadded prefix, garbage in the padding changes nothing (and widened masks would), the tensor-op speed
 resampling equals `F.interpolate`, and the cache's keys (what shares a graph, what runs eagerly, what
-drops the graphs). GPU tests (`-m gpu`) hold real graph replays to eager on the same padded buffers.
+drops the graphs); the stream engine's batched graphs (`EncoderRowGraphs`): each real row equals its
+`decode_encp` alone, whatever the padded rows hold, and `encode_rows` counts what replayed and what ran
+eagerly, by reason. GPU tests (`-m gpu`) hold real graph replays to eager on the same padded buffers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from test_gpt_sovits_acoustic_graphs import captured  # noqa: F401 (fixture: the
 
 from voicehub.models.gpt_sovits import load
 from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, AcousticGraphs
-from voicehub.models.gpt_sovits.encoder_graphs import MAX_TOKENS, EncoderGraphs, encoder_key
+from voicehub.models.gpt_sovits.batch_acoustic import EncoderRow, encode_rows
+from voicehub.models.gpt_sovits.encoder_graphs import MAX_TOKENS, EncoderGraphs, EncoderRowGraphs, encoder_key
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.sovits.model import encp_lengths, resample_rows
 
@@ -133,6 +136,62 @@ def test_load_time_encoder_keys_per_preset(tiny_set):  # noqa: F811
         AcousticGraphs(pipe.sovits.cfm.estimator, pipe.vocoder, "lazy", CUDA).encoder_of(
             load_sovits_v3(tiny_set / "sovits.pth")
         )
+
+
+def _row(sovits, n_tokens: int, n_phones: int, speed: float, seed: int) -> EncoderRow:
+    codes, text, ge = _inputs(sovits, n_tokens, n_phones, seed)
+    return EncoderRow(seed, codes[0, 0], text[0], ge, speed)
+
+
+def test_row_graph_rows_equal_each_alone_whatever_the_padded_rows_hold(sovits, captured):  # noqa: F811
+    graphs = EncoderRowGraphs(sovits, CUDA)
+    rows = [_row(sovits, n, p, 1.3, seed=i) for i, (n, p) in enumerate(((50, 40), (31, 12), (8, 33)))]
+    junk = _row(sovits, 47, 60, 1.3, seed=9)  # a fourth real row where the padded row was
+    as_inputs = lambda rs: [(r.tokens, r.phones, r.ge) for r in rs]  # noqa: E731
+    with torch.inference_mode():
+        graphs.check()
+        padded = graphs.encode(as_inputs(rows), 1.3)
+        beside_junk = graphs.encode(as_inputs([*rows, junk]), 1.3)
+        for r, out in zip(rows, padded):
+            alone = sovits.decode_encp(r.tokens[None, None], r.phones[None], r.ge, r.speed)
+            assert out.shape == alone.shape and (out - alone).abs().max() < ATOL
+    assert captured == [(4, 50, 64)]  # 3 rows and 4 rows: one (row bucket, tokens, phonemes) graph
+    for a, b in zip(padded, beside_junk):
+        assert torch.equal(a, b)  # rows are encoded alone: a padded row changes no real row
+
+
+def test_encode_rows_replays_by_speed_and_counts_the_rest(sovits, captured):  # noqa: F811
+    rows = [
+        _row(sovits, n, p, speed, seed=i)
+        for i, (n, p, speed) in enumerate(
+            ((25, 20, 1.3), (50, 30, 1.3), (20, 70, 1.3), (25, 10, 1.0), (MAX_TOKENS + 5, 20, 1.3))
+        )
+    ]
+    with torch.inference_mode():
+        eager, eager_calls = encode_rows(sovits, rows)
+        assert (eager_calls.calls, eager_calls.replayed, eager_calls.eager) == (1, 0, {"no_graphs": 5})
+        # rows x token bucket <= 100: the 1.3 rows, longest first, run as 2 rows of <= 50 tokens (<= 30
+        # phonemes) + 1 row of 20 (70 phonemes); the 1.0 row alone (its speed's own runner)
+        graphs = EncoderRowGraphs(sovits, CUDA, max_row_tokens=100)
+        got, calls = encode_rows(sovits, rows, graphs)
+        assert captured == [(2, 50, 32), (1, 25, 96), (1, 25, 32)]
+        assert sorted(graphs.captured) == [(1, 25, 32, 1.0), (1, 25, 96, 1.3), (2, 50, 32, 1.3)]
+        assert (calls.calls, calls.replayed, calls.padded_rows) == (4, 4, 0)
+        assert calls.eager == {"too_long": 1}  # said, not silent
+        for i, (a, b) in enumerate(zip(got, eager)):
+            assert a.shape == b.shape and (a - b).abs().max() < ATOL, i
+        graphs.max_graphs = 3  # full: a new shape runs eagerly, the captured ones still replay
+        more, calls = encode_rows(sovits, [rows[0], _row(sovits, 75, 20, 1.3, seed=7)], graphs)
+        assert calls.eager == {"graph_limit": 2} and calls.replayed == 0 and len(captured) == 3
+        again, calls = encode_rows(sovits, [rows[3]], graphs)
+        assert calls.replayed == 1 and calls.eager == {} and torch.equal(again[0], got[3])
+        block = sovits.enc_p.encoder2
+        block.forward = block.forward  # a compiled forward: the graphs are dropped, then captured again
+        try:
+            encode_rows(sovits, [rows[3]], graphs)
+            assert graphs.captured == [(1, 25, 32, 1.0)] and len(captured) == 4
+        finally:
+            del block.forward
 
 
 # -- GPU ----------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ Per stream, `CfmRows` and `VocoderRows` keep the state of streaming.py's `CfmStr
 out: they say what to compute (`next_piece`, `push`) and take the result back (`absorb`), so the
 serving engine can run the calls of many streams together:
 - `encode_rows` runs the SoVITS encoder (`decode_encp`) of many streams' windows as one right-padded,
-  masked call (`SynthesizerV3.decode_encp_padded`): token and phoneme counts, speeds and styles differ.
+  masked call (`SynthesizerV3.decode_encp_padded`): token and phoneme counts, speeds and styles differ;
+  with the engine's `EncoderRowGraphs`, the rows of each speed replay (row bucket, tokens, phonemes,
+  speed) graphs instead (encoder_graphs.py).
 - `solve_pieces` solves CFM pieces of different lengths as one right-padded batch. The DiT masks the
   padded frames (cfm/dit.py), so a row's frames are what it gets alone, up to float rounding.
 - `vocode_windows` vocodes windows of equal length as one batch. BigVGAN pads its borders by
@@ -33,6 +35,7 @@ from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs, feature_f
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
 from voicehub.models.gpt_sovits.streaming import (
@@ -55,13 +58,75 @@ class EncoderRow:
     speed: float
 
 
-@torch.inference_mode()
-def encode_rows(sovits: SynthesizerV3, rows: Sequence[EncoderRow]) -> list[torch.Tensor]:
-    """Condition features of each row, [1, inter2, n], from one right-padded `decode_encp_padded` call.
+@dataclass
+class EncoderCalls:
+    """What `encode_rows` ran: calls (replays and eager calls), rows replayed from graphs (and the zero
+    rows that padded them to a row bucket), rows run eagerly by reason ('no_graphs': no encoder graphs,
+    as on the CPU or preset off; see `EncoderRowGraphs.eager_reason` for the others)."""
 
-    Each equals `sovits.decode_encp` of the row alone up to float rounding (the padded frames are
-    masked; see decode_encp_padded). One row runs `decode_encp` itself, the exact single-stream call.
-    """
+    calls: int = 0
+    replayed: int = 0
+    padded_rows: int = 0
+    eager: dict[str, int] = field(default_factory=dict)
+
+    def count_eager(self, reason: str, n_rows: int) -> None:
+        self.calls += 1
+        self.eager[reason] = self.eager.get(reason, 0) + n_rows
+
+
+@torch.inference_mode()
+def encode_rows(
+    sovits: SynthesizerV3, rows: Sequence[EncoderRow], graphs: EncoderRowGraphs | None = None
+) -> tuple[list[torch.Tensor], EncoderCalls]:
+    """Condition features of each row, [1, inter2, n], each `sovits.decode_encp` of the row alone up to
+    float rounding, and what ran. Without graphs: one right-padded `decode_encp_padded` call (padded
+    frames are masked; one row runs `decode_encp` itself, the exact single-stream call). graphs: the
+    rows of each speed, longest prefix first, replay (row bucket, tokens, phonemes, speed) graphs, as
+    many rows a replay as the graphs' rows x tokens bound allows; rows no graph serves run eagerly,
+    and `EncoderCalls.eager` says why."""
+    report = EncoderCalls()
+    if graphs is None:
+        report.count_eager("no_graphs", len(rows))
+        return _encode_eager(sovits, rows), report
+    assert graphs.model is sovits, "the graphs of this SoVITS model"
+    graphs.check()
+    out: list[torch.Tensor | None] = [None] * len(rows)
+    by_speed: dict[float, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        by_speed[float(r.speed)].append(i)
+    for speed, members in by_speed.items():
+        members.sort(key=lambda i: -len(rows[i].tokens))  # rows of like lengths share a bucket
+        too_long = [i for i in members if not graphs.is_in_range(len(rows[i].tokens), len(rows[i].phones))]
+        if too_long:
+            _put(out, too_long, _encode_eager(sovits, [rows[i] for i in too_long]))
+            report.count_eager("too_long", len(too_long))
+        members = [i for i in members if i not in too_long]
+        lo, most = 0, graphs.row_buckets[-1]
+        while lo < len(members):
+            chunk = members[lo : lo + min(most, graphs.rows_per_call(len(rows[members[lo]].tokens)))]
+            lo += len(chunk)
+            n_phones = max(len(rows[i].phones) for i in chunk)
+            key = graphs.key(len(chunk), len(rows[chunk[0]].tokens), n_phones, speed)
+            reason = graphs.eager_reason(key)
+            if reason is not None:
+                _put(out, chunk, _encode_eager(sovits, [rows[i] for i in chunk]))
+                report.count_eager(reason, len(chunk))
+                continue
+            inputs = [(rows[i].tokens, rows[i].phones, rows[i].ge) for i in chunk]
+            _put(out, chunk, graphs.encode(inputs, speed))
+            report.calls += 1
+            report.replayed += len(chunk)
+            report.padded_rows += key[0] - len(chunk)
+    return out, report  # type: ignore[return-value]
+
+
+def _put(out: list, indices: Sequence[int], values: Sequence[Any]) -> None:
+    for i, value in zip(indices, values):
+        out[i] = value
+
+
+def _encode_eager(sovits: SynthesizerV3, rows: Sequence[EncoderRow]) -> list[torch.Tensor]:
+    # one right-padded, masked `decode_encp_padded` call; one row: `decode_encp` itself
     if len(rows) == 1:
         (r,) = rows
         return [sovits.decode_encp(r.tokens[None, None], r.phones[None], r.ge, r.speed)]

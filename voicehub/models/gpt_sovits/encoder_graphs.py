@@ -13,33 +13,52 @@ frames (`resample_rows`), and wns1 masks the features past the row's length: the
 `decode_encp` of the unpadded prefix up to float rounding. Shapes past MAX_TOKENS / MAX_PHONES, or new
 ones once MAX_GRAPHS are held, run `decode_encp` eagerly (said once per shape). A compiled forward set on
 one of the encoder's modules drops the graphs (they would replay the old code).
+
+`EncoderRowGraphs` does the same for the stream engine's batches (serving.py): the windows of several
+streams at one speed replay one graph of (row bucket, token bucket, phoneme bucket, speed), the rows
+right-padded as above and the missing rows padding too (zeros; each row is encoded alone, so they change
+no real row). Rows x token bucket is bounded by MAX_ENCODER_ROW_TOKENS (a graph's memory), the count by
+MAX_ROW_GRAPHS; past either the caller runs the rows eagerly and counts why (`eager_reason`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset
+from voicehub.runtime.kv_cache import pick_bucket
 
 TOKEN_BUCKET = 25  # semantic tokens: a prefix is right-padded to a multiple of this
 PHONE_BUCKET = 32  # phonemes: a sentence's phonemes are right-padded to a multiple of this
 MAX_TOKENS = 500  # longest prefix replayed from a graph (20 s at speed 1)
 MAX_PHONES = 512  # most phonemes replayed from a graph
 MAX_GRAPHS = 96  # encoder graphs kept; a new shape past that runs eagerly
+# The stream engine's encoder calls hold the windows of one CFM batch (ServingConfig.max_cfm_batch, 16)
+ENCODER_ROW_BUCKETS = (1, 2, 4, 8, 16)
+# rows x token bucket of one engine graph: its output alone is rows x 3.75 frames a token x inter2 (512)
+# values, 12 MB in fp16 at this bound (16 rows of 200-token prefixes, 8 s at speed 1)
+MAX_ENCODER_ROW_TOKENS = 16 * 200
+MAX_ROW_GRAPHS = 96  # engine encoder graphs kept; a new shape past that runs eagerly
 log = logging.getLogger("voicehub.models.gpt_sovits")
 
 EncoderKey = tuple[int, int, float]  # (token bucket, phoneme bucket, speed)
+RowEncoderKey = tuple[int, int, int, float]  # (row bucket, token bucket, phoneme bucket, speed)
 
 
 def forwards_of(module: torch.nn.Module) -> tuple:
     """The forwards set on instances in `module` (a compiled forward, runtime/compile.py, lives on its
     instance, the whole model's or a block's): a graph captured before such a swap runs the old code."""
     return tuple((name, f) for name, m in module.named_modules() if (f := vars(m).get("forward")) is not None)
+
+
+def encoder_identity(model: SynthesizerV3) -> tuple:
+    """What the encoder's graphs replay: the forwards set on its modules (a change drops the graphs)."""
+    return tuple(forwards_of(m) for m in (model.quantizer, model.enc_p, model.bridge, model.wns1))
 
 
 def round_up(n: int, step: int) -> int:
@@ -75,13 +94,9 @@ class EncoderGraphs:
         self._identity: tuple | None = None
         self._refused: set[Hashable] = set()  # shapes said to run eagerly (logged once each)
 
-    def _modules(self) -> tuple[torch.nn.Module, ...]:
-        m = self.model
-        return m.quantizer, m.enc_p, m.bridge, m.wns1
-
     def runner(self, speed: float) -> BucketedGraphRunner:
         """The graphs of `speed` (made on first need); all are dropped when what the encoder runs changed."""
-        identity = tuple(forwards_of(m) for m in self._modules())
+        identity = encoder_identity(self.model)
         if identity != self._identity:
             self.reset()
             self._identity = identity
@@ -176,3 +191,166 @@ class EncoderGraphs:
             buf.fill_(value)  # a fill kernel per length: no host-to-device copy to wait for
         self._keys.add(key)
         return runner.run(key[:2])[:, :, :n_fea].clone()
+
+
+@dataclass
+class _RowSlots:
+    """Static inputs of one (rows, tokens, phonemes, speed) graph (decode_encp_masked's layout)."""
+
+    codes: torch.Tensor  # [1, R, T] long
+    text: torch.Tensor  # [R, P] long
+    ge: torch.Tensor  # [R, gin, 1]
+    lengths: torch.Tensor  # [4, R] long: tokens, phonemes, content frames, wns1 mask frames
+    n_content: int  # the resampled content frames of a full token bucket (the graph's static size)
+
+
+class EncoderRowGraphs:
+    """The stream engine's batched `decode_encp` replayed from graphs (module docstring): one runner
+    per speed over (rows, tokens, phonemes) buckets, static inputs per key. Used by the engine's thread
+    alone (its own graphs and pools, not the streaming path's `EncoderGraphs`)."""
+
+    def __init__(
+        self,
+        model: SynthesizerV3,
+        device: torch.device,
+        max_graphs: int = MAX_ROW_GRAPHS,
+        row_buckets: Sequence[int] = ENCODER_ROW_BUCKETS,
+        max_row_tokens: int = MAX_ENCODER_ROW_TOKENS,
+    ):
+        self.model, self.device, self.max_graphs = model, device, max_graphs
+        self.row_buckets, self.max_row_tokens = tuple(sorted(row_buckets)), max_row_tokens
+        assert self.row_buckets[0] == 1, "a batch of one window replays a graph too"
+        self.runners: dict[float, BucketedGraphRunner] = {}
+        self._slots: dict[RowEncoderKey, _RowSlots] = {}
+        self._keys: set[RowEncoderKey] = set()  # captured or being captured by the current runners
+        self._identity: tuple | None = None
+        self._refused: set[Hashable] = set()  # keys said to run eagerly (logged once each)
+
+    def check(self) -> None:
+        """Drop every graph if what the encoder runs changed (walks the modules: once per batch)."""
+        identity = encoder_identity(self.model)
+        if identity != self._identity:
+            for runner in self.runners.values():
+                runner.reset()
+            self.runners.clear()
+            self._keys.clear()
+            self._identity = identity
+
+    def runner(self, speed: float) -> BucketedGraphRunner:
+        runner = self.runners.get(speed)
+        if runner is None:
+            keys = [
+                (r, t, p) for r in self.row_buckets for t in range(TOKEN_BUCKET, MAX_TOKENS + 1, TOKEN_BUCKET)
+                for p in range(PHONE_BUCKET, MAX_PHONES + 1, PHONE_BUCKET) if r == 1 or r * t <= self.max_row_tokens
+            ]  # fmt: skip
+            step = lambda key: self._step((*key, speed))  # noqa: E731
+            # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
+            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
+            self.runners[speed] = runner
+        return runner
+
+    @property
+    def captured(self) -> list[RowEncoderKey]:
+        return [(r, t, p, s) for s, run in self.runners.items() for r, t, p in run.captured_buckets]
+
+    def rows_per_call(self, n_tokens: int) -> int:
+        """Most rows one graph holds when its longest prefix has n_tokens (rows x bucket bounded)."""
+        t = round_up(n_tokens, TOKEN_BUCKET)
+        return max([r for r in self.row_buckets if r * t <= self.max_row_tokens], default=1)
+
+    @staticmethod
+    def is_in_range(n_tokens: int, n_phones: int) -> bool:
+        """Whether a window of n_tokens, n_phones fits a graph at all (else it runs eagerly, 'too_long')."""
+        t, p, _ = encoder_key(n_tokens, n_phones, 1.0)
+        return t <= MAX_TOKENS and p <= MAX_PHONES
+
+    def key(self, n_rows: int, n_tokens: int, n_phones: int, speed: float) -> RowEncoderKey:
+        """The graph of n_rows windows (n_rows <= the largest row bucket) of <= n_tokens, <= n_phones."""
+        return (pick_bucket(n_rows, self.row_buckets), *encoder_key(n_tokens, n_phones, speed))
+
+    def eager_reason(self, key: RowEncoderKey) -> str | None:
+        """None when `key` replays a graph (captured, or in range with room to capture it); else why its
+        rows run eagerly: 'too_long' (past MAX_TOKENS / MAX_PHONES, or rows x tokens past max_row_tokens)
+        or 'graph_limit' (max_graphs held). Call `check` first."""
+        if key in self._keys:
+            return None
+        r, t, p, _ = key
+        is_long = t > MAX_TOKENS or p > MAX_PHONES or (r > 1 and r * t > self.max_row_tokens)
+        reason = "too_long" if is_long else None
+        if reason is None and len(self._keys) < self.max_graphs:
+            return None
+        reason = reason or "graph_limit"
+        if key not in self._refused:
+            self._refused.add(key)
+            log.warning(
+                "stream engine: SoVITS encoder of %d rows, %d tokens, %d phonemes (buckets) at speed %g runs "
+                "eagerly: graphs hold <= %d tokens, <= %d phonemes, rows x tokens <= %d, at most %d shapes "
+                "(%d captured)", *key, MAX_TOKENS, MAX_PHONES, self.max_row_tokens, self.max_graphs, len(self._keys),
+            )  # fmt: skip
+        return reason
+
+    def capture(self, keys: Sequence[RowEncoderKey]) -> list[RowEncoderKey]:
+        """Capture `keys` now (each once, unless refused; largest first: later captures reuse the pool's
+        memory) -> the keys captured now or before."""
+        self.check()
+        for key in sorted(keys, key=lambda k: (k[3], -k[0] * k[1], -k[2])):
+            if self.eager_reason(key) is None and key not in self._keys:
+                self._slots_of(key)  # allocated outside the capture, as every static input
+                self._keys.add(key)
+                self.runner(key[3]).run(key[:3])
+        return sorted(set(keys) & set(self.captured))
+
+    def _slots_of(self, key: RowEncoderKey) -> _RowSlots:
+        slots = self._slots.get(key)
+        if slots is None:
+            n_rows, n_tokens, n_phones, speed = key
+            w = self.model.bridge[0].weight
+            content, _, mask = encp_lengths(n_tokens, speed)
+            lengths = torch.tensor([[n_tokens], [n_phones], [content], [mask]], device=w.device)
+            slots = _RowSlots(
+                torch.zeros(1, n_rows, n_tokens, dtype=torch.long, device=w.device),
+                torch.zeros(n_rows, n_phones, dtype=torch.long, device=w.device),
+                torch.zeros(n_rows, self.model.arch.gin_channels, 1, dtype=w.dtype, device=w.device),
+                lengths.expand(4, n_rows).contiguous(),  # the full bucket, in every row
+                content,
+            )
+            self._slots[key] = slots
+        return slots
+
+    def _step(self, key: RowEncoderKey) -> torch.Tensor:
+        s, resampled = self._slots_of(key), key[3] != 1
+        n = s.lengths
+        return self.model.decode_encp_masked(
+            s.codes, n[0], s.text, n[1], s.ge, n[2] if resampled else None, s.n_content, n[3]
+        )
+
+    def encode(
+        self, rows: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], speed: float
+    ) -> list[torch.Tensor]:
+        """rows: (tokens [T], phonemes [P], ge [1, gin, 1]) at one speed, for whose key `eager_reason`
+        said None -> each row's `decode_encp` [1, inter2, n] (views of one copy), from one replay of the
+        (row bucket, tokens, phonemes, speed) graph. Padded rows: zero tokens, phonemes and style, with
+        the full bucket's lengths (what the capture saw)."""
+        key = self.key(len(rows), max(len(t) for t, _, _ in rows), max(len(p) for _, p, _ in rows), speed)
+        s = self._slots_of(key)
+        s.codes.zero_()
+        s.text.zero_()
+        full = (key[1], key[2], s.n_content, encp_lengths(key[1], speed)[2])  # a padded row's lengths
+        lengths = [[value] * key[0] for value in full]
+        n_fea = []
+        for i, (tokens, phones, _) in enumerate(rows):
+            s.codes[0, i, : len(tokens)] = tokens
+            s.text[i, : len(phones)] = phones
+            content, n, mask = encp_lengths(len(tokens), speed)
+            for j, value in enumerate((len(tokens), len(phones), content, mask)):
+                lengths[j][i] = value
+            n_fea.append(n)
+        s.ge[: len(rows)] = torch.cat([ge for _, _, ge in rows])
+        s.ge[len(rows) :].zero_()
+        host = torch.tensor(lengths, dtype=torch.long)
+        if s.lengths.is_cuda:
+            host = host.pin_memory()  # an async copy: no wait for the GPU's queue
+        s.lengths.copy_(host, non_blocking=True)
+        self._keys.add(key)
+        fea = self.runner(speed).run(key[:3])[: len(rows)].clone()
+        return [fea[i : i + 1, :, :n] for i, n in enumerate(n_fea)]

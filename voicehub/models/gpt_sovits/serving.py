@@ -48,9 +48,12 @@ from voicehub.models.gpt_sovits.batch_acoustic import (
     solve_pieces,
     vocode_windows,
 )
+from voicehub.models.gpt_sovits.encoder_graphs import PHONE_BUCKET, EncoderRowGraphs, RowEncoderKey
 from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
 from voicehub.models.gpt_sovits.pipeline import MAX_SEED
 from voicehub.models.gpt_sovits.serving_config import (
+    ENGINE_ENCODER_LOAD_PHONES,
+    ENGINE_ENCODER_LOAD_WINDOWS,
     ENGINE_LOAD_WINDOWS,
     EngineStats,
     ServingConfig,
@@ -59,6 +62,7 @@ from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
 from voicehub.runtime.cuda_graphs import GraphPreset
+from voicehub.runtime.kv_cache import pick_bucket
 from voicehub.runtime.round_loop import RoundLoop
 from voicehub.runtime.scheduler import ContinuousScheduler, QueueFullError, StreamCancelledError
 from voicehub.text.limits import check_text
@@ -96,11 +100,17 @@ class StreamEngine:
         self._runs: list[StreamRun] = []  # admitted
         self._held: list[VocoderWindow] = []  # vocoder windows waiting to share a call (hold_vocoder)
         self._loop = RoundLoop(self.step, "voicehub-stream-engine", on_error=self._round_failed)
+        # the batched encoder's graphs: the engine's own (CUDA with a capturing preset, as the acoustic graphs)
+        self.encoder_graphs: EncoderRowGraphs | None = None
+        if pipeline.acoustic_graphs is not None:
+            self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device)
         t0 = time.perf_counter()
         self.vocoder_graphs_at_start = self._capture_vocoder_graphs()
+        self.encoder_graphs_at_start = self._capture_encoder_graphs()
         log.info(
-            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder graphs captured in %.2f s, %s",
-            sizes.max_batch, preset, len(self.vocoder_graphs_at_start), time.perf_counter() - t0, self.config,
+            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder and %d encoder graphs captured "
+            "in %.2f s, %s", sizes.max_batch, preset, len(self.vocoder_graphs_at_start),
+            len(self.encoder_graphs_at_start), time.perf_counter() - t0, self.config,
         )  # fmt: skip
 
     def vocoder_start_shapes(self) -> list[tuple[int, int]]:
@@ -124,6 +134,27 @@ class StreamEngine:
             most, _ = graphs.vocoder.key(rows, n)  # the largest row bucket a call of n frames takes
             shapes += [(r, n) for r in graphs.vocoder.row_buckets if r <= most]
         return shapes
+
+    def encoder_start_keys(self) -> list[RowEncoderKey]:
+        """(rows, tokens, phonemes, speed) encoder graphs the engine captures when it starts, with the
+        model's graph preset `full` (see ENGINE_ENCODER_LOAD_WINDOWS); else none (each on first use)."""
+        graphs, config = self.encoder_graphs, self.config
+        if graphs is None or self.pipeline.acoustic_graphs.preset is not GraphPreset.FULL:
+            return []
+        most = pick_bucket(min(config.max_cfm_batch, config.max_encoder_batch, graphs.row_buckets[-1]),
+                           graphs.row_buckets)  # fmt: skip
+        keys = {
+            graphs.key(r, k * config.chunk_tokens, p, speed)
+            for r in graphs.row_buckets if r <= most
+            for k in range(1, ENGINE_ENCODER_LOAD_WINDOWS + 1)
+            for p in range(PHONE_BUCKET, ENGINE_ENCODER_LOAD_PHONES + 1, PHONE_BUCKET)
+            for speed in LOAD_SPEEDS
+        }  # fmt: skip
+        return sorted(k for k in keys if graphs.rows_per_call(k[1]) >= k[0])
+
+    def _capture_encoder_graphs(self) -> list[RowEncoderKey]:
+        keys = self.encoder_start_keys()
+        return self.encoder_graphs.capture(keys) if keys else []
 
     def _capture_vocoder_graphs(self) -> list[tuple[int, int]]:
         shapes = self.vocoder_start_shapes()
@@ -385,14 +416,13 @@ class StreamEngine:
         size = self.config.max_encoder_batch
         for chunk in (rows[lo : lo + size] for lo in range(0, len(rows), size)):
             try:
-                features = encode_rows(self.pipeline.sovits, chunk)
+                features, calls = encode_rows(self.pipeline.sovits, chunk, self.encoder_graphs)
             except Exception as error:
                 log.exception("SoVITS encoder batch of %d rows failed; its streams fail", len(chunk))
                 for row in chunk:
                     self._end(row.owner, error)
                 continue
-            self.stats.encoder_calls += 1
-            self.stats.encoder_rows += len(chunk)
+            self.stats.add_encoder(calls, len(chunk))
             out.update((row.owner, fea) for row, fea in zip(chunk, features))
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicehub.models.gpt_sovits.batch_acoustic import VocoderCalls
+from voicehub.models.gpt_sovits.batch_acoustic import EncoderCalls, VocoderCalls
 
 # Vocoder windows of the default 25-token chunk (engine_window_frames): 109 frames a window at the fast
 # preset's speed 1.3, 121 at balanced's 1.1, 130 at 1.0; a sentence's first 73 / 86 / 93, its last any.
@@ -14,6 +14,12 @@ from voicehub.models.gpt_sovits.batch_acoustic import VocoderCalls
 # 17% more vocoded frames at 1.3. 16 wastes less (112 at 1.3) but needs nine lengths; 64 makes 1.0's 192.
 VOCODER_BUCKET_FRAMES = 32
 ENGINE_LOAD_WINDOWS = 4  # a long sentence's first windows whose lengths the engine captures at start
+# SoVITS encoder graphs the engine captures at start (preset full): every row bucket up to its batches'
+# rows, for the token prefixes of a sentence's first ENGINE_ENCODER_LOAD_WINDOWS windows (a batch takes
+# its longest row's bucket) and phoneme buckets up to ENGINE_ENCODER_LOAD_PHONES, at LOAD_SPEEDS:
+# 5 x 2 x 2 x 2 = 40 graphs at the defaults; later shapes are captured on first use.
+ENGINE_ENCODER_LOAD_WINDOWS = 2
+ENGINE_ENCODER_LOAD_PHONES = 64
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,10 @@ class EngineStats:
     vocoder_calls / vocoder_rows: calls and windows; vocoder_replayed: windows replayed from graphs
     (vocoder_padded_rows: zero rows padding them to a row bucket; vocoder_off_grid: windows of a length
     off the bucket grid, replayed one a call); vocoder_eager: windows run eagerly, by reason (see
-    batch_acoustic.VocoderCalls); vocoder_flushes: times held windows were vocoded."""
+    batch_acoustic.VocoderCalls); vocoder_flushes: times held windows were vocoded. encoder_calls /
+    encoder_rows: SoVITS encoder calls (graph replays and eager calls) and rows; encoder_replayed: rows
+    replayed from graphs (encoder_padded_rows: zero rows padding them to a row bucket); encoder_eager:
+    rows run eagerly, by reason (see batch_acoustic.EncoderCalls)."""
 
     rounds: int = 0
     t2s_s: float = 0.0
@@ -80,6 +89,9 @@ class EngineStats:
     encoder_calls: int = 0
     encoder_rows: int = 0
     encoder_s: float = 0.0  # the encoder call and the CFM pieces' preparation
+    encoder_replayed: int = 0
+    encoder_padded_rows: int = 0
+    encoder_eager: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
@@ -92,3 +104,11 @@ class EngineStats:
         self.vocoder_off_grid += calls.off_grid
         for reason, n in calls.eager.items():
             self.vocoder_eager[reason] = self.vocoder_eager.get(reason, 0) + n
+
+    def add_encoder(self, calls: EncoderCalls, n_rows: int) -> None:
+        self.encoder_calls += calls.calls
+        self.encoder_rows += n_rows
+        self.encoder_replayed += calls.replayed
+        self.encoder_padded_rows += calls.padded_rows
+        for reason, n in calls.eager.items():
+            self.encoder_eager[reason] = self.encoder_eager.get(reason, 0) + n
