@@ -86,11 +86,14 @@ MMA_SWEEP = (  # the many-row stack's config, one field at a time around the tab
     {"attn_tiles": 4},
     {"attn_tiles": 16},
     {"pdl": False},
+    {"prenorm": True},
 )
 # --mma-grid: a coordinate search over these values, starting from every single change that won in
 # the H200 sweep (benchmarks/results/t2s_layer_sweep_h200.json); the GEMMs' split-K first (new: the
 # rest was tuned by the last grid), then the attention fields (they recompile one kernel), then the GEMMs'
+# (prenorm, new in this grid, first of all: the norms once per row block changes what the splits cost)
 MMA_GRID = {
+    "prenorm": (False, True),
     "ffn2_splits": (1, 2, 4, 8),
     "qkv_splits": (1, 2, 4),
     "out_splits": (1, 2, 4),
@@ -205,11 +208,11 @@ def mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Calla
             if n_kernels > 1:
                 mk.attention_stage(s, k[i], v[i], lengths, n_slots, cfg)
             if n_kernels > 2:
-                mk.out_proj_stage(s, layer, cfg)
+                mk.out_proj_stage(s, layer, w.eps, cfg)
             if n_kernels > 3:
                 mk.ffn1_stage(s, layer, w.eps, cfg)
             if n_kernels > 4:
-                mk.ffn2_stage(s, layer, cfg)
+                mk.ffn2_stage(s, layer, w.eps, cfg)
             x_in, prev = s.x_ffn, layer
         if n_kernels > 5:
             mk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)

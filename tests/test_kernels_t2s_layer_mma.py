@@ -63,17 +63,20 @@ def mk():
 
 
 # attn_tiles: 1 (a program per 16-slot block, merged), 2 (two tiles per program, online softmax,
-# merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge); split: SPLITS
-@pytest.mark.parametrize(("dtype", "tiles", "split"), [(torch.float32, 1, False), (torch.float16, 1, False),
-                                                       (torch.float32, 2, False), (torch.float16, 8, False),
-                                                       (torch.float32, 2, True), (torch.float16, 8, True)])  # fmt: skip
-def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split):
+# merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge); split: SPLITS;
+# prenorm: the norms computed once per row block by out-proj / ffn2 (`t2s_layer_mma_prenorm_triton`)
+@pytest.mark.parametrize(("dtype", "tiles", "split", "prenorm"),
+                         [(torch.float32, 1, False, False), (torch.float16, 1, False, False),
+                          (torch.float32, 2, False, False), (torch.float16, 8, False, False),
+                          (torch.float32, 2, True, False), (torch.float16, 8, True, False),
+                          (torch.float16, 1, False, True), (torch.float32, 2, True, True)])  # fmt: skip
+def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split, prenorm):
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
     k_want, v_want = as_float(k), as_float(v)
     want = ref.decode_stack_reference(
         x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
     )
-    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, **(SPLITS if split else {}))
+    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}))
     got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=cfg)
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
     assert got.dtype == dtype and rel_l2(got, want) <= tol
@@ -81,11 +84,13 @@ def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split)
     assert not got.isnan().any()
 
 
-@pytest.mark.parametrize(("tiles", "split"), [(1, False), (2, False), (8, False), (2, True)])
-def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split):
+@pytest.mark.parametrize(("tiles", "split", "prenorm"),
+                         [(1, False, False), (2, False, False), (8, False, False), (2, True, False),
+                          (1, False, True), (2, True, True)])  # fmt: skip
+def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split, prenorm):
     # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
     # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
-    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, **(SPLITS if split else {}))
+    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}))
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
     five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
     big = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg)
@@ -111,7 +116,7 @@ def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, 
     outs = []
     for _ in range(2):
         s.out_ffn.fill_(float("nan"))
-        mk.ffn2_stage(s, w.layers[0], cfg)
+        mk.ffn2_stage(s, w.layers[0], w.eps, cfg)
         outs.append(s.out_ffn.clone())
         assert splits == 1 or not s.gemm_count.any()  # one split: no counter (an unzeroed placeholder)
     assert rel_l2(outs[0], want) <= FP32_TOL and torch.equal(outs[0], outs[1])
@@ -123,6 +128,32 @@ def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, 
             summed += part[:, :, i]
         summed = summed.permute(0, 2, 1, 3).reshape(32, SHAPE["dim"])[:18]
         assert torch.equal(summed, outs[0])
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_prenorm_out_proj_stores_ln1_once_per_row_block_as_ffn1_would(mk, splits):
+    # out-proj with prenorm stores LN1(x_attn + out + b_o) in x_ffn: bitwise what ffn1 without prenorm
+    # keeps (the interpreter rounds both forms alike), every row of both row blocks (18 rows: one
+    # partial block), the row counters back at 0; twice on one scratch (the counters reset)
+    x, w, k, _, _ = stack_inputs(18, torch.float32, LENGTHS)
+    layer, g = w.layers[0], torch.Generator().manual_seed(6)
+    on = mk.MmaConfig(**BLOCKS, out_splits=splits, prenorm=True)
+    s = mk.Scratch.allocate(18, w, k.shape[3], on)
+    s.attn.copy_(torch.randn(s.attn.shape, generator=g))
+    s.x_attn.copy_(torch.randn(s.x_attn.shape, generator=g))
+    for _ in range(2):
+        s.x_ffn.fill_(float("nan"))
+        mk.out_proj_stage(s, layer, w.eps, on)
+        assert s.row_count.shape == (2,) and not s.row_count.any()
+        got = s.x_ffn.clone()
+        s.x_ffn.fill_(float("nan"))
+        mk.ffn1_stage(s, layer, w.eps, mk.MmaConfig(**BLOCKS))  # no prenorm: LN1 per program, kept
+        assert torch.equal(got, s.x_ffn)
+    want = torch.nn.functional.layer_norm(
+        s.x_attn.double() + s.attn.double() @ layer.out_weight.double().T + layer.out_bias.double(),
+        (SHAPE["dim"],), layer.norm1_weight.double(), layer.norm1_bias.double(), w.eps,
+    )  # fmt: skip
+    assert rel_l2(got, want) <= FP32_TOL
 
 
 def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
@@ -226,13 +257,17 @@ FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 
 @pytest.mark.gpu
 # the table's config (through the registry), one attention program per (row, head) over the whole
-# cache (128-slot tiles x 8: no merge) for fp16, and split-K in every GEMM (fp16, fp32)
+# cache (128-slot tiles x 8: no merge) for fp16, and split-K in every GEMM (fp16, fp32); prenorm: the
+# norms once per row block (out-proj / ffn2), whole K and split
 @pytest.mark.parametrize(
-    ("dtype", "attn_tiles", "split"),
-    [(torch.float16, None, False), (torch.float32, None, False), (torch.float16, 8, False),
-     (torch.float16, 8, True), (torch.float32, 8, True)],
+    ("dtype", "attn_tiles", "split", "prenorm"),
+    [(torch.float16, None, False, False), (torch.float32, None, False, False), (torch.float16, 8, False, False),
+     (torch.float16, 8, True, False), (torch.float32, 8, True, False), (torch.float16, 8, False, True),
+     (torch.float16, 8, True, True), (torch.float32, 8, True, True)],
 )  # fmt: skip
-def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(dtype, attn_tiles, split):
+def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(
+    dtype, attn_tiles, split, prenorm
+):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     stack = registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cuda")
@@ -241,7 +276,8 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
         # split: ffn2 (K 2048) 8 splits of two 128-chunks, qkv / out / ffn1 (K 512) 2, 4 and 8 of 4, 1, 1 chunks
         splits = {"qkv_splits": 2, "out_splits": 4, "ffn1_splits": 4, "ffn2_splits": 8} if split else {}
         stack = functools.partial(mk.decode_stack_mma, config=mk.MmaConfig(block_k=128, attn_block=128,
-                                                                           attn_tiles=attn_tiles, **splits))  # fmt: skip
+                                                                           attn_tiles=attn_tiles, prenorm=prenorm,
+                                                                           **splits))  # fmt: skip
     lengths = torch.tensor([730, 0, 1023, 300, 17, 511, 64, 65, 1, 900, 5, 640, 128, 129, 33, 700, 450, 2, 999, 256],
                            device="cuda")  # fmt: skip
     n_rows = lengths.numel()  # two row blocks of 16

@@ -35,6 +35,13 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
+from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
+    _keeps,
+    _norm_rows_if_last,
+    _normed,
+    _row_stats,
+    row_block_counters,
+)
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     _split_is_last,
     _split_sum,
@@ -76,10 +83,13 @@ class MmaConfig:
     out_splits: int = 1
     ffn1_splits: int = 1
     ffn2_splits: int = 1
+    # out-proj / ffn2 normalise the rows once per row block for ffn1 / qkv / the head (plain GEMMs then):
+    # `t2s_layer_mma_prenorm_triton`
+    prenorm: bool = False
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if name not in ("pdl", "gemm_stages") and (value < 1 or value & (value - 1)):
+            if name not in ("pdl", "gemm_stages", "prenorm") and (value < 1 or value & (value - 1)):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
         for name in ("block_m", "block_n", "block_k", "ffn_block"):
             if getattr(self, name) < MIN_DOT:
@@ -121,39 +131,6 @@ def _mm(a, b, acc, IEEE: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc)
     return acc
-
-
-@triton.jit
-def _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype: tl.constexpr):
-    # rnd(residual + rnd(out + bias)) [BLOCK_M, cols]: the unfused ops round the linear, then the sum
-    offs = rows[:, None] * dim + cols[None, :]
-    bias = tl.load(bias_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
-    branch = (tl.load(out_ptr + offs, mask=mask, other=0.0) + bias[None, :]).to(dtype).to(tl.float32)
-    s = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + branch
-    return s.to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _row_stats(res_ptr, out_ptr, bias_ptr, rows, rmask, dim, eps, BLOCK_D: tl.constexpr, dtype: tl.constexpr):
-    # mean and 1/std [BLOCK_M] of each row's post-norm input, over the whole row at once
-    cols = tl.arange(0, BLOCK_D)
-    mask = rmask[:, None] & (cols < dim)[None, :]
-    s = _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype)
-    mean = tl.sum(s, axis=1) / dim
-    centred = tl.where(mask, s - mean[:, None], 0.0)
-    return mean, tl.rsqrt(tl.sum(centred * centred, axis=1) / dim + eps)
-
-
-@triton.jit
-def _normed(
-    res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, cols, mask, dim, mean, inv_std, dtype: tl.constexpr
-):
-    # LN of a [BLOCK_M, BLOCK_K] chunk from the rows' statistics, rounded where the unfused norm stores
-    s = _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype)
-    w = tl.load(nw_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
-    b = tl.load(nb_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
-    y = (s - mean[:, None]) * inv_std[:, None] * w[None, :] + b[None, :]
-    return tl.where(mask, y, 0.0).to(dtype)
 
 
 @triton.jit
@@ -213,10 +190,12 @@ def _qkv_kernel(
     x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, bias_ptr,
     q_ptr, xa_ptr, count_ptr, k_ptr, v_ptr, len_ptr, part_ptr, gcount_ptr,
     n_rows, dim, max_slots, eps, k_span, skb, skh, sks, svb, svh, svs,
-    N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FIRST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    N_HEAD: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, RAW: tl.constexpr,
+    STORED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    # RAW: x is the GEMM's operand (the first layer's input, or x_attn normalised by the previous ffn2);
+    # programs 0 store it to x_attn (the layer's residual) unless it is there already (STORED)
     pid, split = tl.program_id(0), tl.program_id(2)
     dtype = q_ptr.dtype.element_ty
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -224,9 +203,9 @@ def _qkv_kernel(
     outs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = split * k_span
     acc = _normed_dot(
-        x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, pid == 0, rows, rmask, outs, 3 * dim,
-        dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), FIRST, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL,
-        dtype,
+        x_ptr, sxb, out_ptr, pb_ptr, pnw_ptr, pnb_ptr, w_ptr, xa_ptr, _keeps(pid, STORED), rows, rmask,
+        outs, 3 * dim, dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), RAW, BLOCK_M, BLOCK_N, BLOCK_K,
+        BLOCK_D, IEEE, PDL, dtype,
     )  # fmt: skip
     # the counters the attention kernel adds to start at 0 (after the wait: the last one read them)
     if pid + split == 0:
@@ -338,10 +317,12 @@ def _a_chunk(a_ptr, rows, rmask, ks, n_in):
 @triton.jit
 def _linear_kernel(
     a_ptr, w_ptr, out_ptr, part_ptr, gcount_ptr, n_rows, n_out, n_in, k_span,
+    res_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rcount_ptr, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    # out [B, n_out] fp32 = a [B, n_in] @ W [n_out, n_in]^T, bias-free (the next kernel adds it)
+    # out [B, n_out] fp32 = a [B, n_in] @ W [n_out, n_in]^T, bias-free (the next kernel adds it); NORM: the
+    # row block's last tile also stores dst = LN(res + rnd(out + bias)) (`_norm_rows_if_last`)
     split = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -357,12 +338,19 @@ def _linear_kernel(
     offs, mask = rows[:, None] * n_out + outs[None, :], rmask[:, None] & omask[None, :]
     if SPLITS == 1:
         tl.store(out_ptr + offs, acc, mask=mask)
+        if NORM:
+            _norm_rows_if_last(rcount_ptr, tl.program_id(1), tl.num_programs(0), res_ptr, out_ptr, bias_ptr,
+                               nw_ptr, nb_ptr, dst_ptr, rows, rmask, n_out, eps, BLOCK_D)  # fmt: skip
     else:
         tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         if _split_is_last(acc, part_ptr, gcount_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS):
             tl.store(
                 out_ptr + offs, _split_sum(part_ptr, gcount_ptr, tile, BLOCK_M, BLOCK_N, SPLITS), mask=mask
             )
+            if NORM:
+                _norm_rows_if_last(rcount_ptr, tl.program_id(1), tl.num_programs(0), res_ptr, out_ptr,
+                                   bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, n_out, eps,
+                                   BLOCK_D)  # fmt: skip
 
 
 @triton.jit
@@ -370,18 +358,19 @@ def _ffn1_kernel(
     xa_ptr, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, xf_ptr, h_ptr, part_ptr, gcount_ptr,
     n_rows, dim, ffn_dim, eps, k_span,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, PRENORM: tl.constexpr,
 ):  # fmt: skip
-    # x1 = LN1(x + rnd(out + b_o)) (programs 0 keep it: the FFN's residual); h = relu(rnd(x1 W1^T + b1))
+    # x1 = LN1(x + rnd(out + b_o)) (programs 0 keep it: the FFN's residual); h = relu(rnd(x1 W1^T + b1));
+    # PRENORM: xa_ptr is x1 already (the out-proj stored it), a plain GEMM
     pid, split = tl.program_id(0), tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_rows
     hid = pid * BLOCK_F + tl.arange(0, BLOCK_F)
     k_lo = split * k_span
     acc = _normed_dot(
-        xa_ptr, dim, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, xf_ptr, pid == 0, rows, rmask, hid, ffn_dim,
-        dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), False, BLOCK_M, BLOCK_F, BLOCK_K, BLOCK_D, IEEE, PDL,
-        h_ptr.dtype.element_ty,
+        xa_ptr, dim, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, xf_ptr, _keeps(pid, PRENORM), rows, rmask,
+        hid, ffn_dim, dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), PRENORM, BLOCK_M, BLOCK_F, BLOCK_K,
+        BLOCK_D, IEEE, PDL, h_ptr.dtype.element_ty,
     )  # fmt: skip
     if SPLITS == 1:
         _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim)
@@ -406,15 +395,16 @@ def _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim):
 def _head_kernel(
     xf_ptr, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, logits_ptr, n_rows, dim, vocab, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr, PRENORM: tl.constexpr,
 ):  # fmt: skip
+    # PRENORM: xf_ptr holds the last LN2's output (the last ffn2 stored it), a plain GEMM
     dtype = logits_ptr.dtype.element_ty
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_rows
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _normed_dot(
         xf_ptr, dim, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, xf_ptr, False, rows, rmask, outs, vocab, dim,
-        eps, 0, dim, False, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
+        eps, 0, dim, PRENORM, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE, PDL, dtype,
     )  # fmt: skip
     mask = rmask[:, None] & (outs < vocab)[None, :]
     tl.store(logits_ptr + rows[:, None] * vocab + outs[None, :], acc.to(dtype), mask=mask)
@@ -426,7 +416,8 @@ class Scratch:
     x_ffn (LN1's output), attn (merged heads), model dtype; out_attn, out_ffn (bias-free linear
     outputs, fp32); h [B, F] (the FFN's hidden units); count [B, H] int32; the attention blocks'
     partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32); the split GEMMs' partials
-    gemm_part (fp32) and their per-tile counters gemm_count (int32, zero between kernels)."""
+    gemm_part (fp32) and their per-tile counters gemm_count (int32, zero between kernels); with
+    prenorm, row_count: int32 per row block (zero between kernels), the out-proj / ffn2 normalisers'."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -442,6 +433,7 @@ class Scratch:
     splits: int  # attention blocks of the whole cache: the merge's fixed shape
     gemm_part: torch.Tensor
     gemm_count: torch.Tensor
+    row_count: torch.Tensor
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
@@ -453,7 +445,8 @@ class Scratch:
         gemms = [(3 * dim, cfg.block_n, cfg.qkv_splits), (dim, cfg.block_n, cfg.out_splits),
                  (ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]  # fmt: skip
         return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)),
-                   *split_scratch(n_rows, cfg.block_m, gemms, dev))  # fmt: skip
+                   *split_scratch(n_rows, cfg.block_m, gemms, dev),
+                   row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev))  # fmt: skip
 
 
 def _attn_span(cfg: MmaConfig) -> int:
@@ -471,15 +464,19 @@ def qkv_stage(
     k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor, eps: float, cfg: MmaConfig,
 ) -> None:  # fmt: skip
     """x_in: the input [B, D] (prev None) or the previous x_ffn with s.out_ffn: writes s.x_attn, s.q,
-    k and v at slot lengths; zeroes s.count."""
+    k and v at slot lengths; zeroes s.count. With cfg.prenorm (and prev), x_in is unused: the previous
+    ffn2 stored this layer's input in s.x_attn."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     p = prev or layer  # unused by the first layer
+    is_stored = prev is not None and cfg.prenorm  # the previous ffn2 normalised it into s.x_attn
+    x_in = s.x_attn if is_stored else x_in
     _qkv_kernel[(triton.cdiv(3 * dim, cfg.block_n), triton.cdiv(n_rows, cfg.block_m), cfg.qkv_splits)](
         x_in, x_in.stride(0), s.out_ffn, p.ffn2_bias, p.norm2_weight, p.norm2_bias, layer.qkv_weight,
         layer.qkv_bias, s.q, s.x_attn, s.count, k_layer, v_layer, lengths, s.gemm_part, s.gemm_count,
         n_rows, dim, k_layer.shape[2], eps, k_span(dim, cfg.block_k, cfg.qkv_splits), *k_layer.stride()[:3],
         *v_layer.stride()[:3], N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head,
-        FIRST=prev is None, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits, **_dims(s, cfg),
+        RAW=prev is None or is_stored, STORED=is_stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits,
+        **_dims(s, cfg),
     )  # fmt: skip
 
 
@@ -500,38 +497,47 @@ def attention_stage(
 
 
 def linear_stage(
-    s: Scratch, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, cfg: MmaConfig
-) -> None:
-    """out [B, N] fp32 = a [B, K] @ weight [N, K]^T, K in `splits` fixed parts (s.gemm_part, s.gemm_count)."""
+    s: Scratch, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, cfg: MmaConfig,
+    norm: tuple[torch.Tensor, ...] | None = None, eps: float = 0.0,
+) -> None:  # fmt: skip
+    """out [B, N] fp32 = a [B, K] @ weight [N, K]^T, K in `splits` fixed parts (s.gemm_part, s.gemm_count).
+    norm: (res, bias, norm_w, norm_b, dst): also dst [B, N] = LN(res + rnd(out + bias)) (s.row_count)."""
     n_rows, n_in = a.shape
     n_out = weight.shape[0]
+    res, bias, norm_w, norm_b, dst = norm or (out,) * 5  # unread without NORM
     _linear_kernel[(triton.cdiv(n_out, cfg.block_n), triton.cdiv(n_rows, cfg.block_m), splits)](
         a, weight, out, s.gemm_part, s.gemm_count, n_rows, n_out, n_in, k_span(n_in, cfg.block_k, splits),
+        res, bias, norm_w, norm_b, dst, s.row_count, eps,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLITS=splits,
-        IEEE=a.dtype == torch.float32, num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages,
-        **_launch(cfg, a.device),
+        IEEE=a.dtype == torch.float32, NORM=norm is not None, BLOCK_D=triton.next_power_of_2(n_out),
+        num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages, **_launch(cfg, a.device),
     )  # fmt: skip
 
 
-def out_proj_stage(s: Scratch, layer: LayerWeights, cfg: MmaConfig) -> None:
-    """s.attn @ W_o^T -> s.out_attn (fp32, bias-free)."""
-    linear_stage(s, s.attn, layer.out_weight, s.out_attn, cfg.out_splits, cfg)
+def out_proj_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
+    """s.attn @ W_o^T -> s.out_attn (fp32, bias-free); cfg.prenorm: LN1(s.x_attn + that + b_o) -> s.x_ffn."""
+    norm = (s.x_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_ffn) if cfg.prenorm else None
+    linear_stage(s, s.attn, layer.out_weight, s.out_attn, cfg.out_splits, cfg, norm, eps)
 
 
-def ffn2_stage(s: Scratch, layer: LayerWeights, cfg: MmaConfig) -> None:
-    """s.h @ W2^T -> s.out_ffn (fp32, bias-free)."""
-    linear_stage(s, s.h, layer.ffn2_weight, s.out_ffn, cfg.ffn2_splits, cfg)
+def ffn2_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
+    """s.h @ W2^T -> s.out_ffn (fp32, bias-free); cfg.prenorm: LN2(s.x_ffn + that + b2) -> s.x_attn (the
+    next layer's input, or the head's)."""
+    norm = (s.x_ffn, layer.ffn2_bias, layer.norm2_weight, layer.norm2_bias, s.x_attn) if cfg.prenorm else None
+    linear_stage(s, s.h, layer.ffn2_weight, s.out_ffn, cfg.ffn2_splits, cfg, norm, eps)
 
 
 def ffn1_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
-    """x1 = LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn; relu(x1 W1^T + b1) -> s.h."""
+    """x1 = LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn; relu(x1 W1^T + b1) -> s.h (cfg.prenorm: x1 read
+    from s.x_ffn, where the out-proj stored it)."""
     n_rows, dim = s.q.shape
     ffn_dim = s.h.shape[1]
     _ffn1_kernel[(triton.cdiv(ffn_dim, cfg.ffn_block), triton.cdiv(n_rows, cfg.block_m), cfg.ffn1_splits)](
-        s.x_attn, s.out_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, layer.ffn1_weight,
+        s.x_ffn if cfg.prenorm else s.x_attn, s.out_attn, layer.out_bias, layer.norm1_weight,
+        layer.norm1_bias, layer.ffn1_weight,
         layer.ffn1_bias, s.x_ffn, s.h, s.gemm_part, s.gemm_count, n_rows, dim, ffn_dim, eps,
         k_span(dim, cfg.block_k, cfg.ffn1_splits), BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits,
-        **_dims(s, cfg),
+        PRENORM=cfg.prenorm, **_dims(s, cfg),
     )  # fmt: skip
 
 
@@ -543,12 +549,14 @@ def head_stage(
     eps: float,
     cfg: MmaConfig,
 ) -> None:
-    """LN2(s.x_ffn + s.out_ffn + b2) of the last layer @ head^T -> logits [B, V]."""
+    """LN2(s.x_ffn + s.out_ffn + b2) of the last layer @ head^T -> logits [B, V] (cfg.prenorm: LN2 read
+    from s.x_attn, where the last ffn2 stored it)."""
     n_rows, dim = s.q.shape
     vocab = head_weight.shape[0]
     _head_kernel[(triton.cdiv(vocab, cfg.block_n), triton.cdiv(n_rows, cfg.block_m))](
-        s.x_ffn, s.out_ffn, last.ffn2_bias, last.norm2_weight, last.norm2_bias, head_weight, logits,
-        n_rows, dim, vocab, eps, BLOCK_N=cfg.block_n, **_dims(s, cfg),
+        s.x_attn if cfg.prenorm else s.x_ffn, s.out_ffn, last.ffn2_bias, last.norm2_weight, last.norm2_bias,
+        head_weight, logits, n_rows, dim, vocab, eps, BLOCK_N=cfg.block_n, PRENORM=cfg.prenorm,
+        **_dims(s, cfg),
     )  # fmt: skip
 
 
@@ -568,9 +576,9 @@ def decode_stack_mma(
     for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
         attention_stage(s, k_cache[i], v_cache[i], lengths, n_slots, cfg)
-        out_proj_stage(s, layer, cfg)
+        out_proj_stage(s, layer, weights.eps, cfg)
         ffn1_stage(s, layer, weights.eps, cfg)
-        ffn2_stage(s, layer, cfg)
+        ffn2_stage(s, layer, weights.eps, cfg)
         x_in, prev = s.x_ffn, layer
     logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
     head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
