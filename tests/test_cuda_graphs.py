@@ -71,3 +71,24 @@ def test_registered_generator_replays_draw_as_eager_calls_do():
     for a, b in zip(replayed, eager):
         torch.testing.assert_close(a, b)
     assert not torch.equal(replayed[0], replayed[1])
+
+
+def test_capture_at_load_keeps_keys_captured_on_first_use(monkeypatch):
+    # a key captured before the load-time capture (a decode during a load-time optimization) is kept,
+    # and the preset's other keys are still captured, each once
+    captured: list = []
+    monkeypatch.setattr(
+        BucketedGraphRunner,
+        "_capture",
+        lambda self, key: captured.append(key) or self._graphs.setdefault(key, object()),
+    )
+    runner = BucketedGraphRunner(
+        lambda key: None, [8, 16, 32], "off", torch.device("cpu"), common_buckets=[8, 16]
+    )
+    runner.preset = GraphPreset.MINIMAL  # nothing runs (no CUDA here): only the bookkeeping is under test
+    runner._capture(16)
+    runner.capture_at_load()
+    assert captured == [16, 8]
+    runner.preset = GraphPreset.FULL
+    runner.capture_at_load()
+    assert captured == [16, 8, 32]

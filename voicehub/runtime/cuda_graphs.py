@@ -71,7 +71,7 @@ class BucketedGraphRunner:
         self.common_buckets = list(common_buckets) or self.buckets[:1]
 
     def capture_at_load(self) -> None:
-        """Capture what the preset captures at load time."""
+        """Capture what the preset captures at load time; keys captured already (on first use) are kept."""
         if self.preset is GraphPreset.FULL:
             todo = self.buckets
         elif self.preset is GraphPreset.MINIMAL:
@@ -79,7 +79,8 @@ class BucketedGraphRunner:
         else:
             todo = []
         for bucket in todo:
-            self._capture(bucket)
+            if bucket not in self._graphs:
+                self._capture(bucket)
 
     @property
     def captured_buckets(self) -> list[Hashable]:

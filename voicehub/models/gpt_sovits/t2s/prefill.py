@@ -168,12 +168,11 @@ class PaddedPrefill:
         return prefill_rows(self.model, self.cache, self.buf.narrow(n_rows), n_slots)
 
     def capture_at_load(self, preset: GraphPreset | str | None = None) -> None:
-        """Capture what `preset` (default: the one given at construction) captures at load, once:
-        keys already captured are kept. The preset is the owner's, which may set it after construction."""
+        """Capture what `preset` (default: the one given at construction) captures at load: keys already
+        captured (on first use) are kept. The preset is the owner's, which may set it after construction."""
         if preset is not None:
             self.graphs.preset = parse_graph_preset(preset)
-        if not self.graphs.captured_buckets:
-            self.graphs.capture_at_load()
+        self.graphs.capture_at_load()
 
     def load(
         self, rows: list[int], prompts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]

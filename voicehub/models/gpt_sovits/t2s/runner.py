@@ -74,6 +74,8 @@ def decode_iter(
     The decoder's state belongs to the iterator until it ends or is closed: no other decode may run on
     this decoder meanwhile (the pipeline holds its T2S lock for that).
     """
+    if window is not None and window < 1:  # before anything touches the decoder's state
+        raise ValueError(f"window must be >= 1 tokens or None, got {window}")
     engine, model, st = decoder.engine, decoder.model, decoder.state
     decoder._reset()
     n_rows = pick_bucket(1, engine.row_buckets)  # decode() of one request steps the same rows
@@ -84,8 +86,6 @@ def decode_iter(
     generator = reseed(decoder.generator, request.params.seed)
     is_forced = request.params.force_n_tokens is not None
     sample_step(model, state, first, buf, generator, drop_eos=True)
-    if window is not None and window < 1:
-        raise ValueError(f"window must be >= 1 tokens or None, got {window}")
     n_sent = 0
     for n_steps in range(1, limit):  # n_steps tokens drawn so far
         is_check = n_steps % engine.stop_check_interval == 0
