@@ -117,13 +117,13 @@ def library_table():
 
 
 def test_the_cached_dictionary_is_the_library_table(cache, library_table):
-    g2p.english_dictionary.cache_clear()
+    g2p._english_dictionary.cache_clear()
     try:
         built = g2p.english_dictionary()  # built and written
-        g2p.english_dictionary.cache_clear()
+        g2p._english_dictionary.cache_clear()
         read = g2p.english_dictionary()  # read back from the file
     finally:
-        g2p.english_dictionary.cache_clear()
+        g2p._english_dictionary.cache_clear()
     assert built == library_table and read == library_table
     assert len(list((cache / "text").iterdir())) == 1
 

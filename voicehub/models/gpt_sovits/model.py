@@ -258,7 +258,9 @@ class GptSovitsModel(TTSModel):
                 with timeline.phase("wait_text_deferred"):
                     warmed.update(deferred.result())
             except BaseException:
-                deferred.cancel()  # a failed load does not wait for what only requests would have needed
+                # Dropped if it has not started; once running (it starts ~0.3 s into the load, so
+                # usually), leaving the pool waits for it (~3 s) before the error propagates.
+                deferred.cancel()
                 raise
         self.warm_up_info = {"load": {**warmed, **timeline.info()}}
 

