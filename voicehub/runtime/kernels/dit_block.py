@@ -31,6 +31,18 @@ def _check_mod(name: str, x: torch.Tensor, *mods: torch.Tensor) -> None:
             )
 
 
+def check_residual_args(
+    name: str, x: torch.Tensor, y: torch.Tensor, *mods: torch.Tensor, mask: torch.Tensor | None = None
+) -> None:
+    """The residual ops' argument checks, one place for both backends: x and y one [B, N, D] shape,
+    each modulation [B, 1, D], the optional mask [B, N] bool."""
+    if x.shape != y.shape:
+        raise ValueError(f"{name}: x {tuple(x.shape)} and y {tuple(y.shape)} differ")
+    _check_mod(name, x, *mods)
+    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2])):
+        raise ValueError(f"{name}: mask must be [B, N] bool, got {mask.dtype} {tuple(mask.shape)}")
+
+
 def modulated_norm_reference(
     x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -49,9 +61,7 @@ def residual_norm_reference(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, y [B, N, D] -> (x + gate * y (y zeroed where mask [B, N] is False), its modulated norm)."""
-    if x.shape != y.shape:
-        raise ValueError(f"dit_residual_norm: x {tuple(x.shape)} and y {tuple(y.shape)} differ")
-    _check_mod("dit_residual_norm", x, gate, shift, scale)
+    check_residual_args("dit_residual_norm", x, y, gate, shift, scale, mask=mask)
     y = y if mask is None else y.masked_fill(~mask[..., None], 0.0)
     r = x + gate * y
     return r, modulated_norm_reference(r, shift, scale, eps)
@@ -59,9 +69,7 @@ def residual_norm_reference(
 
 def gated_residual_reference(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """x, y [B, N, D], gate [B, 1, D] -> x + gate * y."""
-    if x.shape != y.shape:
-        raise ValueError(f"dit_gated_residual: x {tuple(x.shape)} and y {tuple(y.shape)} differ")
-    _check_mod("dit_gated_residual", x, gate)
+    check_residual_args("dit_gated_residual", x, y, gate)
     return x + gate * y
 
 

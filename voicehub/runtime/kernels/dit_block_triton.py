@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.dit_block import _check_mod, check_rope_args
+from voicehub.runtime.kernels.dit_block import _check_mod, check_residual_args, check_rope_args
 from voicehub.runtime.kernels.outputs import check_out
 
 MAX_DIM = 8192  # a row lives in one program's registers
@@ -145,16 +145,12 @@ def residual_norm_triton(
     """The `triton` backend of DIT_RESIDUAL_NORM: -> (x + gate * y, its modulated norm), x's dtype.
 
     out: optional (residual, norm) contiguous tensors shaped like x to write into."""
-    if x.shape != y.shape:
-        raise ValueError(f"dit_residual_norm: x {tuple(x.shape)} and y {tuple(y.shape)} differ")
-    _check_mod("dit_residual_norm", x, gate, shift, scale)
+    check_residual_args("dit_residual_norm", x, y, gate, shift, scale, mask=mask)
     x, y = _rows(x), _rows(y)
     if out is None:
         res, norm = torch.empty_like(x), torch.empty_like(x)
     else:
         res, norm = (check_out(o, x.shape, x.dtype) for o in out)
-    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2])):
-        raise ValueError(f"dit_residual_norm: mask must be [B, N] bool, got {mask.dtype} {tuple(mask.shape)}")
     valid = x if mask is None else mask.contiguous().view(torch.uint8)
     if x.numel():
         block, warps = _launch_config(x.shape[-1])
@@ -170,9 +166,7 @@ def gated_residual_triton(
     x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The `triton` backend of DIT_GATED_RESIDUAL: x + gate * y, [B, N, D] in x's dtype."""
-    if x.shape != y.shape:
-        raise ValueError(f"dit_gated_residual: x {tuple(x.shape)} and y {tuple(y.shape)} differ")
-    _check_mod("dit_gated_residual", x, gate)
+    check_residual_args("dit_gated_residual", x, y, gate)
     x, y = _rows(x), _rows(y)
     res = torch.empty_like(x) if out is None else check_out(out, x.shape, x.dtype)
     if x.numel():
