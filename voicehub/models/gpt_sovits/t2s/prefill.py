@@ -120,6 +120,7 @@ def prefill_rows(model: T2SModel, cache: StaticKVCache, buf: PrefillBuffers, n_s
         q, k, v = layer.project_qkv(x)  # [R, H, S, D/H]
         cache.k[i, :, :, :n_slots].index_copy_(0, buf.rows, k)
         cache.v[i, :, :, :n_slots].index_copy_(0, buf.rows, v)
+        # the attention of `T2SModel.prefill` (the eager path), with the padded keys masked: keep them one
         x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     n_real = buf.n_text + buf.n_audio
     cache.lengths.index_copy_(0, buf.rows, n_real)
