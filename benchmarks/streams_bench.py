@@ -20,6 +20,7 @@ Per level:
   before it; an underrun is a chunk that arrives after it is due (count, streams with any, worst and
   total lateness);
 - stage seconds (T2S, SoVITS encoder, CFM, vocoder) and mean encoder / CFM / vocoder rows per call.
+- encoder and vocoder rows replayed from CUDA graphs, zero rows padding them, rows run eagerly by reason.
 
     python benchmarks/streams_bench.py --out benchmarks/results/streams_h200.json   # plot beside it
     python benchmarks/streams_bench.py --device cpu --size tiny --profile full --levels 1,2 \
@@ -213,6 +214,8 @@ def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) 
         "vocoder": {k: stats[k] for k in ("vocoder_calls", "vocoder_rows", "vocoder_replayed",
                                           "vocoder_padded_rows", "vocoder_off_grid", "vocoder_eager",
                                           "vocoder_flushes")},
+        "encoder": {k: stats[k] for k in ("encoder_calls", "encoder_rows", "encoder_replayed",
+                                          "encoder_padded_rows", "encoder_eager")},
         "rounds": stats["rounds"],
     }  # fmt: skip
 
@@ -353,6 +356,7 @@ def main() -> None:
                         "stage_s",
                         "vocoder_rows_per_call",
                         "vocoder",
+                        "encoder",
                     )
                 }
             )
@@ -367,6 +371,7 @@ def main() -> None:
     record.update(
         profile=args.profile, optimization_manifest=manifest, engine_config=vars(config),
         t2s_graphs=len(engine.t2s.graphs.captured_buckets), vocoder_graphs_at_start=engine.vocoder_graphs_at_start,
+        encoder_graphs_at_start=len(engine.encoder_graphs_at_start),
         setup_s={"set": set_s, "load": load_s,
         "engine": engine_s, "warm_up": warm_s}, levels=rows, skipped_levels_for_budget=skipped,
         total_s=time.perf_counter() - t_start,

@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 import torch
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
+from test_gpt_sovits_acoustic_graphs import captured  # noqa: F401 (fixture: the stand-in graph runner)
 
 from voicehub.errors import InvalidTextError
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.batch_acoustic import VocoderRows, vocode_windows
+from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine, engine_key
 from voicehub.models.gpt_sovits.serving_stream import is_urgent, priority
 from voicehub.models.gpt_sovits.streaming import VocoderStream
@@ -274,3 +276,36 @@ def test_held_vocoder_windows_share_calls_and_change_no_audio(model, voice, monk
     for i, (a, b) in enumerate(zip(held_audio, free_audio)):
         assert a.shape == b.shape, i
         np.testing.assert_allclose(a, b, rtol=0, atol=ATOL, err_msg=str(i))
+
+
+def test_encoder_graphs_alone_equals_among_others_and_eager(model, voice, captured):  # noqa: F811
+    """The engine's encoder rows replayed from (row bucket, tokens, phonemes, speed) graphs (CPU stand-in
+    runner): a stream's audio is the same alone and among others (its rows padded, beside other rows),
+    and the same as the eager engine's; every row is counted as replayed, none eagerly."""
+    config = ServingConfig(max_streams=4, vocoder_bucket_frames=16)
+    # three alike at one speed (their windows come together: 3 rows in a replay of 4), one at another
+    alike = [(text, REQUESTS[0][1] | dict(seed=s)) for text, s in (("Good evening.", 8), ("Good night.", 9))]
+    requests = [REQUESTS[0], *alike, REQUESTS[1]]
+    runs = {}
+    for use_graphs in (False, True):
+        engine = StreamEngine(model, config)
+        assert engine.encoder_graphs is None and engine.encoder_graphs_at_start == []  # CPU: none
+        if use_graphs:
+            engine.encoder_graphs = EncoderRowGraphs(model.pipeline.sovits, torch.device("cuda"))
+        alone = [np.concatenate(_solo(engine, voice, text, params)[1]) for text, params in requests]
+        before = engine.stats.to_dict()
+        streams = [engine.submit(text, voice=voice, **params) for text, params in requests]
+        engine.run_until_idle()
+        runs[use_graphs] = engine.stats, before, alone, [_audio(s) for s in streams]
+    stats, before, alone, together = runs[True]
+    for i, (a, b, eager) in enumerate(zip(alone, together, runs[False][2])):
+        assert a.shape == b.shape == eager.shape, i
+        np.testing.assert_allclose(b, a, rtol=0, atol=ATOL, err_msg=str(i))
+        np.testing.assert_allclose(a, eager, rtol=0, atol=ATOL, err_msg=str(i))
+    assert stats.encoder_eager == {} and stats.encoder_replayed == stats.encoder_rows > 0
+    assert stats.encoder_rows - before["encoder_rows"] > stats.encoder_calls - before["encoder_calls"] > 0
+    assert stats.encoder_padded_rows > 0 and captured  # some calls were padded to a row bucket
+    eager_stats = runs[False][0]
+    assert eager_stats.encoder_replayed == 0 and eager_stats.encoder_eager == {
+        "no_graphs": eager_stats.encoder_rows
+    }

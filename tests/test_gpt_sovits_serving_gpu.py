@@ -2,7 +2,9 @@
 
 Tiny set, T2S and acoustic stage graph-captured (preset full): in fp32 a stream's tokens and audio
 are the same alone and among others, every vocoder window replayed from a graph; in fp16 every stream
-decodes all its tokens, its audio is finite and its first chunk carries >= 0.25 s.
+decodes all its tokens, its audio is finite and its first chunk carries >= 0.25 s. The engine's batched
+SoVITS encoder graphs replay what eager `decode_encp_masked` computes on the same buffers, and equal
+eager `encode_rows` up to rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
 
 from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.batch_acoustic import EncoderRow, encode_rows
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
 from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S
 
@@ -56,6 +59,8 @@ def test_cuda_graphs_fp32_alone_equals_among_others(cuda, tiny_set, reference_wa
         assert snr >= 50.0 and np.abs(got - want).max() <= 5e-3, (i, snr)
     stats = engine.stats
     assert stats.vocoder_eager == {} and stats.vocoder_replayed == stats.vocoder_rows > stats.vocoder_off_grid
+    assert engine.encoder_graphs_at_start  # the encoder's row graphs too
+    assert stats.encoder_eager == {} and stats.encoder_replayed == stats.encoder_rows > 0
 
 
 def test_fp16_streams_are_whole_and_start_with_a_quarter_second(cuda, tiny_set, reference_wav):  # noqa: F811
@@ -67,3 +72,33 @@ def test_fp16_streams_are_whole_and_start_with_a_quarter_second(cuda, tiny_set, 
         assert np.isfinite(joined).all() and np.abs(joined).max() > 0
         assert len(stream.tokens[0]) == params["force_n_tokens"]
         assert len(pieces[0]) >= MIN_FIRST_S * 24000
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_engine_encoder_graphs_equal_eager_encode_rows(cuda, tiny_set, dtype):  # noqa: F811
+    model = load(tiny_set, device=cuda, dtype=dtype, cuda_graph_preset="full")
+    engine = StreamEngine(model, ServingConfig(max_streams=4))
+    graphs, sovits = engine.encoder_graphs, model.pipeline.sovits
+    assert graphs is not None and engine.encoder_graphs_at_start == engine.encoder_start_keys()
+    g, a = torch.Generator().manual_seed(0), sovits.arch
+    shapes = [(50, 40, 1.3), (25, 20, 1.3), (13, 70, 1.3), (75, 12, 1.1), (40, 33, 1.1), (25, 9, 1.0)]
+    rows = [
+        EncoderRow(i, torch.randint(0, a.n_bins, (t,), generator=g).to(cuda),
+                   torch.randint(1, a.n_symbols, (p,), generator=g).to(cuda),
+                   torch.randn(1, a.gin_channels, 1, generator=g).to(cuda, dtype), speed)
+        for i, (t, p, speed) in enumerate(shapes)
+    ]  # fmt: skip
+    with torch.inference_mode():
+        got, calls = encode_rows(sovits, rows, graphs)
+        want, _ = encode_rows(sovits, rows)  # eager: one padded call
+        assert calls.replayed == len(rows) and calls.eager == {} and calls.calls == 3  # one replay a speed
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        for i, (x, y) in enumerate(zip(got, want)):
+            assert x.shape == y.shape, i
+            assert (x - y).abs().max() <= tol * max(1.0, y.abs().max().item()), i
+        # the replay is the eager step on the same static buffers: the same kernels, the same values
+        key = graphs.key(3, 50, 70, 1.3)
+        replayed = graphs.encode([(r.tokens, r.phones, r.ge) for r in rows[:3]], 1.3)
+        eager = graphs._step(key)
+        for i, x in enumerate(replayed):
+            assert torch.equal(x, eager[i : i + 1, :, : x.shape[2]]), i
