@@ -312,7 +312,8 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
     try:
         config = ServingConfig(max_streams=3, max_vocoder_batch=4, chunk_tokens=8, vocoder_bucket_frames=32)
         engine = StreamEngine(model, config)
-        at_start = list(captured)
+        at_start = [k for k in captured if len(k) == 2]  # the vocoder's (rows, frames); the encoder's have 3
+        assert len(captured) == len(at_start) + len(engine.encoder_graphs_at_start) > len(at_start)
         assert at_start == sorted(engine.vocoder_start_shapes(), key=lambda k: (-k[0] * k[1], -k[0]))
         assert {r for r, _ in at_start} == {1, 2, 4} and all(n % 32 == 0 for _, n in at_start)
         requests = [
@@ -332,6 +333,7 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
         n_calls = stats["vocoder_calls"] - before["vocoder_calls"]
         n_rows = stats["vocoder_rows"] - before["vocoder_rows"]
         assert engine.stats.vocoder_eager == {} and stats["vocoder_replayed"] == stats["vocoder_rows"]
+        assert engine.stats.encoder_eager == {} and stats["encoder_replayed"] == stats["encoder_rows"]
         assert n_rows > n_calls > 0, "no vocoder call held two streams' windows"
         for i, (stream, want) in enumerate(zip(streams, alone)):
             got = np.concatenate([c.audio for c in stream])
