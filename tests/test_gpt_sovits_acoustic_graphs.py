@@ -176,7 +176,7 @@ def test_vocoder_graphs_per_exact_length(model, captured, caplog):
         assert torch.equal(again, vocode(voc, mels[30] + 0.5)) and torch.equal(first, vocode(voc, mels[30]))
         graphs.vocode(voc, mels[31])
         assert captured == [(1, 30), (1, 31)]
-        graphs.vocoder.max_graphs = 2  # full: a new length runs eagerly, said once
+        graphs.vocoder.budget.max_graphs = 2  # full: a new length runs eagerly, said once
         with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
             for _ in range(2):
                 assert torch.equal(graphs.vocode(voc, mels[32]), vocode(voc, mels[32]))
@@ -265,7 +265,7 @@ def test_vocoder_row_graphs_are_bounded_and_say_why_not(model, captured, caplog)
     assert graphs.vocoder_eager_reason(1, 4000) == "too_long"
     with torch.inference_mode():
         graphs.capture_vocoder([(2, 32), (1, 32)])
-        voc.max_graphs = 2
+        voc.budget.max_graphs = 2
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
             assert graphs.vocoder_eager_reason(2, 64) == "graph_limit"
@@ -294,7 +294,7 @@ def test_vocode_windows_replay_grid_lengths_and_count_the_rest(model, captured):
             2,
             {},
         )
-        graphs.vocoder.max_graphs = 2
+        graphs.vocoder.budget.max_graphs = 2
         late = [VocoderWindow(0, m, 0, 0, 32 * 256, True, True) for m in _mels(32, 2, seed=3)]
         got_late, late_calls = vocode_windows(voc, late, 8, graphs, bucket_frames=16)
         assert late_calls.eager == {"graph_limit": 2} and late_calls.replayed == 0

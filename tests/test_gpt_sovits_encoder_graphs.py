@@ -180,7 +180,7 @@ def test_encode_rows_replays_by_speed_and_counts_the_rest(sovits, captured):  # 
         assert calls.eager == {"too_long": 1}  # said, not silent
         for i, (a, b) in enumerate(zip(got, eager)):
             assert a.shape == b.shape and (a - b).abs().max() < ATOL, i
-        graphs.max_graphs = 3  # full: a new shape runs eagerly, the captured ones still replay
+        graphs.budget.max_graphs = 3  # full: a new shape runs eagerly, the captured ones still replay
         more, calls = encode_rows(sovits, [rows[0], _row(sovits, 75, 20, 1.3, seed=7)], graphs)
         assert calls.eager == {"graph_limit": 2} and calls.replayed == 0 and len(captured) == 3
         again, calls = encode_rows(sovits, [rows[3]], graphs)

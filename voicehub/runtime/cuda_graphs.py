@@ -28,6 +28,29 @@ class _Captured:
     outputs: Any
 
 
+class GraphBudget:
+    """What a bounded cache of graphs holds: its keys (captured, or being captured), its limit, and the
+    keys it said run eagerly (each said once). The acoustic caches (encoder, vocoder) share it."""
+
+    def __init__(self, max_graphs: int):
+        self.max_graphs = max_graphs
+        self.keys: set[Hashable] = set()
+        self._refused: set[Hashable] = set()
+
+    def why_eager(self, key: Hashable, too_long: bool, say: Callable[[str], None]) -> str | None:
+        """None when `key` replays a graph (held, or in range with room for it); else 'too_long' or
+        'graph_limit', calling `say(reason)` the first time `key` is refused."""
+        if key in self.keys:
+            return None
+        if not too_long and len(self.keys) < self.max_graphs:
+            return None
+        reason = "too_long" if too_long else "graph_limit"
+        if key not in self._refused:
+            self._refused.add(key)
+            say(reason)
+        return reason
+
+
 class BucketedGraphRunner:
     """Owns the graphs of one step function over `buckets`.
 

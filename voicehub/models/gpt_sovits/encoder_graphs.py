@@ -24,13 +24,13 @@ MAX_ROW_GRAPHS; past either the caller runs the rows eagerly and counts why (`ea
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
-from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
 from voicehub.runtime.kv_cache import pick_bucket
 
 TOKEN_BUCKET = 25  # semantic tokens: a prefix is right-padded to a multiple of this
@@ -87,12 +87,12 @@ class EncoderGraphs:
     locks)."""
 
     def __init__(self, model: SynthesizerV3, device: torch.device, max_graphs: int = MAX_GRAPHS):
-        self.model, self.device, self.max_graphs = model, device, max_graphs
+        self.model, self.device = model, device
         self.runners: dict[float, BucketedGraphRunner] = {}
         self._slots: dict[EncoderKey, _EncoderSlots] = {}
-        self._keys: set[EncoderKey] = set()  # captured or being captured by the current runners
+        self.budget = GraphBudget(max_graphs)  # keys captured or being captured by the current runners
+        self._keys = self.budget.keys
         self._identity: tuple | None = None
-        self._refused: set[Hashable] = set()  # shapes said to run eagerly (logged once each)
 
     def runner(self, speed: float) -> BucketedGraphRunner:
         """The graphs of `speed` (made on first need); all are dropped when what the encoder runs changed."""
@@ -125,18 +125,15 @@ class EncoderGraphs:
     def replayable(self, key: EncoderKey) -> bool:
         """Whether `key` replays a graph (captured, or in range with room to capture it). Call it after
         `runner`, which drops the graphs if what the encoder runs changed."""
-        if key in self._keys:
-            return True
-        if key[0] <= MAX_TOKENS and key[1] <= MAX_PHONES and len(self._keys) < self.max_graphs:
-            return True
-        if key not in self._refused:
-            self._refused.add(key)
+
+        def say(_: str) -> None:
             log.warning(
                 "SoVITS encoder of %d tokens, %d phonemes (buckets) at speed %g runs eagerly: graphs hold "
                 "<= %d tokens, <= %d phonemes, at most %d shapes (%d captured)",
-                *key, MAX_TOKENS, MAX_PHONES, self.max_graphs, len(self._keys),
+                *key, MAX_TOKENS, MAX_PHONES, self.budget.max_graphs, len(self._keys),
             )  # fmt: skip
-        return False
+
+        return self.budget.why_eager(key, key[0] > MAX_TOKENS or key[1] > MAX_PHONES, say) is None
 
     def capture(self, key: EncoderKey) -> None:
         """Capture `key` now unless it is captured or refused (its warm-up and capture run on the full bucket)."""
@@ -217,14 +214,14 @@ class EncoderRowGraphs:
         row_buckets: Sequence[int] = ENCODER_ROW_BUCKETS,
         max_row_tokens: int = MAX_ENCODER_ROW_TOKENS,
     ):
-        self.model, self.device, self.max_graphs = model, device, max_graphs
+        self.model, self.device = model, device
         self.row_buckets, self.max_row_tokens = tuple(sorted(row_buckets)), max_row_tokens
         assert self.row_buckets[0] == 1, "a batch of one window replays a graph too"
         self.runners: dict[float, BucketedGraphRunner] = {}
         self._slots: dict[RowEncoderKey, _RowSlots] = {}
-        self._keys: set[RowEncoderKey] = set()  # captured or being captured by the current runners
+        self.budget = GraphBudget(max_graphs)  # keys captured or being captured by the current runners
+        self._keys = self.budget.keys
         self._identity: tuple | None = None
-        self._refused: set[Hashable] = set()  # keys said to run eagerly (logged once each)
 
     def check(self) -> None:
         """Drop every graph if what the encoder runs changed (walks the modules: once per batch)."""
@@ -272,22 +269,18 @@ class EncoderRowGraphs:
         """None when `key` replays a graph (captured, or in range with room to capture it); else why its
         rows run eagerly: 'too_long' (past MAX_TOKENS / MAX_PHONES, or rows x tokens past max_row_tokens)
         or 'graph_limit' (max_graphs held). Call `check` first."""
-        if key in self._keys:
-            return None
         r, t, p, _ = key
         is_long = t > MAX_TOKENS or p > MAX_PHONES or (r > 1 and r * t > self.max_row_tokens)
-        reason = "too_long" if is_long else None
-        if reason is None and len(self._keys) < self.max_graphs:
-            return None
-        reason = reason or "graph_limit"
-        if key not in self._refused:
-            self._refused.add(key)
+
+        def say(_: str) -> None:
             log.warning(
                 "stream engine: SoVITS encoder of %d rows, %d tokens, %d phonemes (buckets) at speed %g runs "
                 "eagerly: graphs hold <= %d tokens, <= %d phonemes, rows x tokens <= %d, at most %d shapes "
-                "(%d captured)", *key, MAX_TOKENS, MAX_PHONES, self.max_row_tokens, self.max_graphs, len(self._keys),
+                "(%d captured)", *key, MAX_TOKENS, MAX_PHONES, self.max_row_tokens, self.budget.max_graphs,
+                len(self._keys),
             )  # fmt: skip
-        return reason
+
+        return self.budget.why_eager(key, is_long, say)
 
     def capture(self, keys: Sequence[RowEncoderKey]) -> list[RowEncoderKey]:
         """Capture `keys` now (each once, unless refused; largest first: later captures reuse the pool's

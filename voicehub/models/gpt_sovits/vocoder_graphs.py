@@ -13,13 +13,13 @@ compiled forward drops the graphs (they would replay the old code).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.encoder_graphs import forwards_of
-from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
 from voicehub.runtime.kv_cache import pick_bucket
 
 MAX_VOCODER_FRAMES = 2048  # longest vocoder window replayed from a graph (~22 s)
@@ -45,14 +45,14 @@ class VocoderGraphs:
         max_row_frames: int = MAX_VOCODER_ROW_FRAMES,
     ):
         self.vocoder, self.device = vocoder, device
-        self.max_frames, self.max_graphs = max_frames, max_graphs
+        self.max_frames = max_frames
         self.row_buckets, self.max_row_frames = tuple(sorted(row_buckets)), max_row_frames
         assert self.row_buckets[0] == 1, "one-row graphs serve the streaming path"
         self.runner: BucketedGraphRunner | None = None
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self._identity: tuple | None = None
-        self._keys: set[tuple[int, int]] = set()  # captured or being captured by the current runner
-        self._refused: set[Hashable] = set()  # keys said to run eagerly (logged once each)
+        self.budget = GraphBudget(max_graphs)  # keys captured or being captured by the current runner
+        self._keys = self.budget.keys
 
     def current_runner(self) -> BucketedGraphRunner:
         """The graphs of what the vocoder runs now (all dropped when that changed)."""
@@ -121,20 +121,14 @@ class VocoderGraphs:
 
     def _why_eager(self, key: tuple[int, int]) -> str | None:
         # `eager_reason` for the graphs as they are now (the caller has checked what the vocoder runs)
-        if key in self._keys:
-            return None
-        reason = "too_long" if key[1] > self.max_frames else None
-        if reason is None and len(self._keys) < self.max_graphs:
-            return None
-        reason = reason or "graph_limit"
-        if key not in self._refused:
-            self._refused.add(key)
+        def say(_: str) -> None:
             log.warning(
                 "vocoder window of %d frames (%d rows a call) runs eagerly: graphs hold windows of <= %d frames, "
-                "at most %d shapes (%d captured)", key[1], key[0], self.max_frames, self.max_graphs,
+                "at most %d shapes (%d captured)", key[1], key[0], self.max_frames, self.budget.max_graphs,
                 len(self._keys),
             )  # fmt: skip
-        return reason
+
+        return self.budget.why_eager(key, key[1] > self.max_frames, say)
 
     def vocode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [1, num_mels, n] denormalised -> audio [1, n * hop] (a copy), as `bigvgan.vocode`."""
