@@ -17,7 +17,7 @@ def test_a_load_naming_no_preset_gets_minimal_on_cuda_and_off_elsewhere():
     assert resolve_graph_preset(None, "cpu") is GraphPreset.OFF
     assert resolve_graph_preset("auto", "mps") is GraphPreset.OFF
     assert resolve_graph_preset("full", "cuda") is GraphPreset.FULL  # a named preset is kept
-    with pytest.raises(ValueError, match="minimal"):
+    with pytest.raises(ValueError, match="valid presets: full, minimal, lazy, off, or auto"):
         resolve_graph_preset("fastest", "cuda")
 
 

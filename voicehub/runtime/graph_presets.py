@@ -36,4 +36,7 @@ def resolve_graph_preset(value: str | GraphPreset | None, device_type: str) -> G
     """`value` parsed; None or 'auto' give `default_graph_preset(device_type)`."""
     if value is None or value == AUTO:
         return default_graph_preset(device_type)
-    return parse_graph_preset(value)
+    try:
+        return parse_graph_preset(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or {AUTO} (minimal on CUDA, off elsewhere)") from None
