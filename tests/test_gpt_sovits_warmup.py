@@ -103,9 +103,11 @@ def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, r
     assert steps == ["start", "done"]  # inflect and wordsegment read during the load, not by a request
     info = json.loads(json.dumps(model.describe()["warm_up"]["load"]))  # JSON-ready
     seconds, starts = info["timeline_s"], info["timeline_start_s"]
-    assert set(MAIN_PHASES) | {"text_thread.en", "text_thread.en_deferred"} <= set(seconds)
+    threads = {"text_thread.en", "text_thread.en_deferred", "runtime_thread.transformers_models"}
+    assert set(MAIN_PHASES) | threads <= set(seconds)
+    assert "runtime_thread.cuda_init" not in seconds  # a CPU load makes no CUDA context
     assert all(seconds[name] >= 0 for name in seconds)
-    main = [name for name in seconds if not name.startswith("text_thread.")]
+    main = [name for name in seconds if not name.startswith(("text_thread.", "runtime_thread."))]
     assert [name for name in main if name in MAIN_PHASES] == MAIN_PHASES  # ordered by start
     for before, after in zip(main, main[1:]):  # the main thread's phases do not overlap
         assert starts[before] + seconds[before] <= starts[after] + 1e-3, (before, after)
@@ -113,6 +115,9 @@ def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, r
     # one text thread: the deferred parts after the languages
     assert starts["text_thread.en_deferred"] >= starts["text_thread.en"] + seconds["text_thread.en"] - 1e-3
     assert info["text_deferred_s"] >= seconds["text_thread.en_deferred"] - 1e-3
+    # transformers' model modules are imported beside the weights, after transformers itself
+    end_import = starts["import_transformers"] + seconds["import_transformers"]
+    assert starts["runtime_thread.transformers_models"] >= end_import - 1e-3
 
 
 def test_a_timeline_syncs_before_it_stamps_a_phase_end():

@@ -26,7 +26,9 @@ from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SMod
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.warmup import (
     LoadTimeline,
+    import_model_classes,
     voice_languages,
+    warm_cuda,
     warm_text,
     warm_text_deferred,
     warm_voice,
@@ -118,6 +120,11 @@ def build_pipeline(
         frontend, hubert, bert, t2s, sovits.eval(), vocoder.eval(), device, dtype, cache, model_id, decoder,
         acoustic,
     )  # fmt: skip
+
+
+def _sync_if_initialized() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class GptSovitsModel(TTSModel):
@@ -244,16 +251,31 @@ class GptSovitsModel(TTSModel):
         # applied before the T2S graphs are captured and before anything runs, so its kernels are the
         # ones captured and warmed up; then the default voice warms up. `warm_up_info["load"]` keeps the
         # timeline: each phase's seconds (main thread, and the text thread's `text_thread.*`, which overlap).
-        timeline = LoadTimeline(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
+        cuda = self.device.type == "cuda"
+        # A main-thread phase syncs the GPU only once the runtime thread has made the context (waiting
+        # for it there would bill the context to whichever phase ended first).
+        timeline = LoadTimeline(sync=_sync_if_initialized if cuda else None)
         voice = self._load_time_voice()
-        with timeline.phase("import_transformers"):
-            import_transformers()  # before the thread: two threads importing big packages could meet in a cycle
+        # One runtime thread: the CUDA context first (beside the transformers import), then transformers'
+        # model modules (beside the T2S/SoVITS loads). Its errors surface after the pipeline is built.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-runtime-warm-up") as runtime:
+            runtime_jobs = [runtime.submit(warm_cuda, self.device, timeline)] if cuda else []
+            with timeline.phase("import_transformers"):
+                import_transformers()  # before other threads import: two importing packages could meet in a cycle
+            runtime_jobs.append(runtime.submit(import_model_classes, timeline))
+            self._load_with_text_thread(timeline, voice, runtime_jobs)
+
+    def _load_with_text_thread(
+        self, timeline: LoadTimeline, voice: Voice | None, runtime_jobs: list[Future]
+    ) -> None:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-text-warm-up") as pool:
             text = pool.submit(warm_text, self.frontend, *voice_languages(voice), timeline)
             # One worker: this runs after warm_text, so text.result() is there without waiting.
             deferred = pool.submit(lambda: warm_text_deferred(self.frontend, text.result()["g2p"], timeline))
             try:
                 warmed = self._load_pipeline(timeline, text)
+                for job in runtime_jobs:
+                    job.result()
                 warmed.update(warm_voice(self._pipeline, voice, timeline))
                 with timeline.phase("wait_text_deferred"):
                     warmed.update(deferred.result())

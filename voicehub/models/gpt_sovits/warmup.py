@@ -29,11 +29,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
 from voicehub.errors import MissingDependencyError
 from voicehub.models.gpt_sovits.acoustic_graphs import COMMON_CHUNK_TOKENS
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.reference import Voice
+from voicehub.models.gpt_sovits.ssl import import_transformers
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.langseg import split_by_language
 from voicehub.text.options import Language
@@ -135,6 +138,27 @@ def warm_text_deferred(
             with timeline.phase(f"text_thread.{language}_deferred", sync=False):
                 load()
     return {"text_deferred_s": time.perf_counter() - t0}
+
+
+def warm_cuda(device: torch.device, timeline: LoadTimeline) -> None:
+    """The process's first CUDA work: driver and context, the caching allocator, cuBLAS (a small fp16
+    matmul). Run on a thread at the start of a CUDA load: it waits mostly outside the GIL, beside the main
+    thread's imports and file reads, instead of inside the first weight copy."""
+    with timeline.phase("runtime_thread.cuda_init", sync=False):
+        torch.cuda.init()
+        x = torch.ones(64, 64, device=device, dtype=torch.float16)
+        torch.mm(x, x)
+        torch.cuda.synchronize(device)
+
+
+def import_model_classes(timeline: LoadTimeline) -> None:
+    """transformers' HuBERT and BERT modules. Their first access imports ~1,600 modules (torch.distributed,
+    torch._dynamo, sympy, scipy: ~2.8 s on a CPU machine), which the HuBERT load would otherwise pay in
+    line; on a thread it overlaps the T2S and SoVITS loads. transformers itself is imported first."""
+    with timeline.phase("runtime_thread.transformers_models", sync=False):
+        transformers = import_transformers()
+        for name in ("HubertModel", "BertModel"):
+            getattr(transformers, name)
 
 
 def warm_chain(pipe: Pipeline, voice: Voice) -> None:
