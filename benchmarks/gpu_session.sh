@@ -52,6 +52,9 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;
     # ~4 GB full-size set made once under /tmp; profiles off/full/triton + subprocess cold/warm start.
     e2e) step e2e "${E2E_LIMIT:-340}" python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
+    # process start only (issue 4): one in-process profile (triton, both request paths), then fresh children
+    startup) step e2e-startup "${STARTUP_LIMIT:-260}" python3 benchmarks/e2e_bench.py --profiles triton --reps 1 \
+      --windows 25,none --startup-profiles triton_minimal --out "$OUT/e2e_startup_h200.json" ;;
     streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
     # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack,
