@@ -54,6 +54,20 @@ def meta_device() -> Iterator[None]:
         yield
 
 
+def computed_buffer(
+    shape: tuple[int, ...], compute: Callable[[], torch.Tensor], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A tensor a constructor computes (a sinusoid table, a filter): `compute()`, or inside `meta_device()`
+    an empty meta tensor of `shape` and `dtype`, which the loader assigns from the file or rebuilds.
+
+    Why: arithmetic on meta tensors (and `arange`, `randn`, `kaiser_window` on meta) runs through torch's
+    Python references, whose first use imports sympy, torch._dynamo and ~900 other modules (2-3 s of
+    process start); the meta build makes only empty tensors."""
+    if torch.get_default_device().type == "meta":
+        return torch.empty(shape, dtype=dtype)
+    return compute()
+
+
 def target_dtype(own: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
     # What `module.to(dtype=...)` does: floating tensors take the dtype, integer and bool ones keep theirs.
     return dtype if own.is_floating_point() else own.dtype

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from voicehub.models.gpt_sovits.weights import computed_buffer
 from voicehub.runtime.kernels.anti_alias_snake import anti_alias_snake_reference
 
 # The op's name in the kernel registry (re-exported here so callers of the model need not know it).
@@ -63,7 +64,9 @@ class Snake(nn.Module):
 class _Filter(nn.Module):
     def __init__(self, cutoff: float, half_width: float):
         super().__init__()
-        self.register_buffer("filter", kaiser_sinc_filter(cutoff, half_width, FILTER_TAPS))
+        taps = FILTER_TAPS  # in the files too: the meta build makes it empty, the load assigns it
+        filt = computed_buffer((1, 1, taps), lambda: kaiser_sinc_filter(cutoff, half_width, taps))
+        self.register_buffer("filter", filt)
 
 
 class _DownSample(nn.Module):

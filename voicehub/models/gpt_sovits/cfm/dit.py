@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from voicehub.models.gpt_sovits.cfm.schedule import BlockReuse, Schedule, StepCache, uniform_steps
+from voicehub.models.gpt_sovits.weights import computed_buffer
 from voicehub.runtime.kernels.dit_block import (
     gated_residual_reference,
     modulated_norm_reference,
@@ -133,7 +134,8 @@ class TextEmbedding(nn.Module):
 
     def __init__(self, text_dim: int, n_conv_layers: int, conv_mult: int = 2):
         super().__init__()
-        self.register_buffer("freqs_cis", sinusoid_table(text_dim, TEXT_MAX_POS), persistent=False)
+        table = computed_buffer((TEXT_MAX_POS, text_dim), lambda: sinusoid_table(text_dim, TEXT_MAX_POS))
+        self.register_buffer("freqs_cis", table, persistent=False)
         self.text_blocks = nn.Sequential(
             *[ConvNeXtV2Block(text_dim, text_dim * conv_mult) for _ in range(n_conv_layers)]
         )
@@ -184,7 +186,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim_head: int, base: float = 10000.0):
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head)))
+        inv_freq = computed_buffer(
+            ((dim_head + 1) // 2,), lambda: 1.0 / (base ** (torch.arange(0, dim_head, 2).float() / dim_head))
+        )
+        self.register_buffer("inv_freq", inv_freq)
 
     def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         # -> cos, sin: [N, dim_head], each angle repeated for its interleaved pair

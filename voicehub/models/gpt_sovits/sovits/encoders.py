@@ -153,7 +153,7 @@ class Codebook(nn.Module):
         super().__init__()
         self.register_buffer("inited", torch.ones(1))
         self.register_buffer("cluster_size", torch.zeros(n_bins))
-        self.register_buffer("embed", torch.randn(n_bins, dim))
+        self.register_buffer("embed", torch.empty(n_bins, dim).normal_())  # randn, skipped on meta
         self.register_buffer("embed_avg", torch.zeros(n_bins, dim))
 
 

@@ -54,9 +54,11 @@ class MultiHeadAttention(nn.Module):
         self.conv_v = nn.Conv1d(channels, channels, 1)
         self.conv_o = nn.Conv1d(channels, out_channels, 1)
         if window is not None:
-            scale = self.head_dim**-0.5
-            self.emb_rel_k = nn.Parameter(torch.randn(1, 2 * window + 1, self.head_dim) * scale)
-            self.emb_rel_v = nn.Parameter(torch.randn(1, 2 * window + 1, self.head_dim) * scale)
+            # upstream's randn * head_dim**-0.5, drawn in place (the same values) so the meta build skips it
+            self.emb_rel_k = nn.Parameter(torch.empty(1, 2 * window + 1, self.head_dim))
+            self.emb_rel_v = nn.Parameter(torch.empty(1, 2 * window + 1, self.head_dim))
+            nn.init.normal_(self.emb_rel_k, std=self.head_dim**-0.5)
+            nn.init.normal_(self.emb_rel_v, std=self.head_dim**-0.5)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # x: [B, C, Tq] queries, c: [B, C, Tk] keys/values, mask: [B, 1, Tq, Tk] (1 = attend)

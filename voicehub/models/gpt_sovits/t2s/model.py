@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from voicehub.models.gpt_sovits.t2s.config import BERT_DIM, MAX_POSITIONS, T2SConfig
+from voicehub.models.gpt_sovits.weights import computed_buffer
 
 
 def sinusoid_table(n_positions: int, dim: int) -> torch.Tensor:
@@ -45,7 +46,8 @@ class SinePosition(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1))
         # Not in the state dict (upstream keeps it as a plain attribute); moves with .to(dtype) like upstream's.
-        self.register_buffer("pe", sinusoid_table(MAX_POSITIONS, dim), persistent=False)
+        table = computed_buffer((MAX_POSITIONS, dim), lambda: sinusoid_table(MAX_POSITIONS, dim))
+        self.register_buffer("pe", table, persistent=False)
 
     def reset_table(self, device: torch.device, dtype: torch.dtype) -> None:
         """Recompute the table (after building on the meta device): float32 math, then cast, as upstream."""
