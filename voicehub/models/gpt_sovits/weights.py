@@ -24,33 +24,68 @@ from voicehub.models.checkpoints import check_state_dict
 Builder = Callable[[torch.Tensor], torch.Tensor]
 
 
-# Random initialisers modules call in their constructors. On a meta tensor they change nothing (it has
-# no values), but torch runs `normal_` on meta through a Python reference that imports torch._dynamo
-# (1-2 s at the first build in a process), so the meta build skips them.
+# Value-setting ops constructors call (random init, fill, zero). On a meta tensor they change nothing (it
+# has no values), but torch runs several on meta through Python kernels, whose first use imports
+# torch._dynamo, sympy and ~900 other modules (1-2 s at the first build in a process): the meta build skips
+# them. Each returns its target, as these ops do; none changes a shape, dtype or stride.
 _INIT = torch.nn.init
-RANDOM_INIT_OPS = frozenset({
-    torch.Tensor.normal_, torch.Tensor.uniform_, _INIT.normal_, _INIT.uniform_, _INIT.trunc_normal_,
-    _INIT.kaiming_uniform_, _INIT.kaiming_normal_, _INIT.xavier_uniform_, _INIT.xavier_normal_,
+VALUE_INIT_OPS = frozenset({
+    torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_,
+    _INIT.normal_, _INIT.uniform_, _INIT.constant_, _INIT.kaiming_uniform_, _INIT.kaiming_normal_,
 })  # fmt: skip
+# Constant factories: on meta only the result's shape, dtype and flags exist, and `empty` given the same
+# arguments makes the same ones (torch 2.13 runs `zeros`/`ones`/`full` on meta through Python kernels).
+_AS_EMPTY = {
+    torch.zeros: torch.empty, torch.ones: torch.empty, torch.zeros_like: torch.empty_like,
+    torch.ones_like: torch.empty_like, torch.full_like: torch.empty_like, torch.Tensor.new_zeros: torch.Tensor.new_empty,
+    torch.Tensor.new_ones: torch.Tensor.new_empty, torch.Tensor.new_full: torch.Tensor.new_empty,
+}  # fmt: skip
+_FILL_AT = {torch.full_like: 1, torch.Tensor.new_full: 2}  # the fill value's position, dropped for `empty`
 
 
-class _SkipMetaInit(TorchFunctionMode):
+def _makes_meta(func, args, kwargs) -> bool:
+    # whether a factory call's result is on the meta device (no `out=`: that writes an existing tensor)
+    if "out" in kwargs:
+        return False
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"]).type == "meta"
+    if func in (torch.zeros, torch.ones, torch.full):
+        return torch.get_default_device().type == "meta"
+    first = args[0] if args else kwargs.get("input")  # a *_like input, or the tensor of new_*
+    return isinstance(first, torch.Tensor) and first.is_meta
+
+
+def _empty_full(size, fill_value, *, dtype=None, **kwargs) -> torch.Tensor:
+    # torch.full's dtype when none is given follows the fill value (bool, int64, the default float...)
+    dtype = dtype if dtype is not None else torch.full((), fill_value, device="cpu").dtype
+    return torch.empty(size, dtype=dtype, **kwargs)
+
+
+class _MetaBuild(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in RANDOM_INIT_OPS:
+        if func in VALUE_INIT_OPS:
             # torch.nn.init passes its tensor by keyword, a Tensor method as its first argument
             target = args[0] if args else kwargs.get("tensor")
             if isinstance(target, torch.Tensor) and target.is_meta:
                 return target
+        elif func in _AS_EMPTY and _makes_meta(func, args, kwargs):
+            if func in _FILL_AT:  # its dtype, when none is given, is its input's, as `empty`'s
+                args, kwargs = args[: _FILL_AT[func]], {k: v for k, v in kwargs.items() if k != "fill_value"}
+            return _AS_EMPTY[func](*args, **kwargs)
+        elif func is torch.full and _makes_meta(func, args, kwargs):
+            return _empty_full(*args, **kwargs)
         return func(*args, **kwargs)
 
 
 @contextmanager
 def meta_device() -> Iterator[None]:
-    """Build modules on the meta device (shapes and dtypes only), skipping their random initialisers.
+    """Build modules on the meta device (shapes and dtypes only), skipping what only sets values: random
+    initialisers, fills, constant factories (made as `empty`). Constructors should compute tables with
+    `computed_buffer`: other arithmetic on meta still works, through torch's slow-to-import Python kernels.
 
     Thread-local, as `torch.device` is: a build on another thread is not affected."""
-    with torch.device("meta"), _SkipMetaInit():
+    with torch.device("meta"), _MetaBuild():
         yield
 
 
