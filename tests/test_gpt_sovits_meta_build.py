@@ -31,6 +31,7 @@ from pathlib import Path
 
 CASCADE = set(sys.argv[2].split(","))
 first = {}
+python_kernels = []  # (torch function, nearest caller outside torch) while our loaders run
 
 class Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -39,6 +40,21 @@ class Watch(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Watch())
+import torch
+
+TORCH = str(Path(torch.__file__).parent) + "/"
+KERNELS = tuple(TORCH + p for p in ("_refs/", "_decomp/", "_prims/", "_prims_common/", "_meta_registrations.py"))
+
+def profile(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename.startswith(KERNELS):
+        caller = frame.f_back
+        while caller is not None and (
+            caller.f_code.co_filename.startswith(TORCH) or caller.f_code.co_filename.endswith("weights.py")
+        ):  # the op's caller, past torch and the meta build's mode
+            caller = caller.f_back
+        where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "?"
+        python_kernels.append((frame.f_code.co_name, where))
+
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan
 from voicehub.models.gpt_sovits.files import find_model_files
@@ -46,6 +62,7 @@ from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.ssl import HubertEncoder
 from voicehub.models.gpt_sovits.t2s import load_t2s
 
+OURS = ("t2s", "sovits", "sovits_lora", "bigvgan")  # our meta builds: no Python kernel may run there
 root = Path(sys.argv[1])
 files = find_model_files(root)
 loads = {
@@ -61,9 +78,12 @@ loads = {
 }
 after = {}
 for name, load in loads.items():
+    sys.setprofile(profile if name in OURS else None)
     load()
+    sys.setprofile(None)
     after[name] = sorted(CASCADE & set(sys.modules))
-print(json.dumps({"after": after, "first": first, "n_modules": len(sys.modules)}))
+out = {"after": after, "first": first, "python_kernels": python_kernels[:50], "n_modules": len(sys.modules)}
+print(json.dumps(out))
 """
 
 
@@ -81,6 +101,12 @@ def loaded(tiny_set):  # noqa: F811
 
 def _where(stack: list[tuple[str, str]]) -> str:
     return "\n".join(f"{path}: {name}" for path, name in stack[-12:])
+
+
+def test_our_loads_run_none_of_torchs_python_kernels(loaded):
+    # stricter than the imports (a version of torch may run a kernel in Python without importing more)
+    ran = loaded["python_kernels"]
+    assert not ran, f"torch's Python kernels (function, caller) ran in our loads: {ran[:10]}"
 
 
 def test_our_meta_builds_import_none_of_the_cascade(loaded):
@@ -106,6 +132,49 @@ def test_the_cascade_comes_only_from_importing_transformers_models(loaded):
         assert not any(path.endswith("weights.py") for path, _ in stack), (
             f"{module} from a meta build:\n{where}"
         )
+
+
+FACTORIES = {
+    "zeros": lambda: torch.zeros(2, 3),
+    "ones size=": lambda: torch.ones(size=(4,), dtype=torch.float16, requires_grad=True),
+    "full float": lambda: torch.full((2, 2), 0.5),
+    "full int": lambda: torch.full((3,), 7),
+    "full bool": lambda: torch.full((1, 2), True),
+    "full dtype": lambda: torch.full((2,), 1, dtype=torch.bfloat16),
+    "zeros_like": lambda: torch.zeros_like(torch.empty(2, 5, dtype=torch.float64)),
+    "ones_like dtype": lambda: torch.ones_like(torch.empty(3, 2).t(), dtype=torch.int32),
+    "full_like": lambda: torch.full_like(torch.empty(2, 3, dtype=torch.float16), 3.0),
+    "new_zeros": lambda: torch.empty(2, dtype=torch.int8).new_zeros(4, 4),
+    "new_ones": lambda: torch.empty(2).new_ones((3,), requires_grad=True),
+    "new_full": lambda: torch.empty(2, dtype=torch.float16).new_full((2, 3), 1.5),
+    "parameter": lambda: torch.nn.Parameter(torch.ones(3)),
+    "layer norm": lambda: torch.nn.LayerNorm(5).weight,
+    "fill_": lambda: torch.empty(2, 2).fill_(3.0),
+    "zero_": lambda: torch.empty(2, 2, dtype=torch.int64).zero_(),
+    "init.constant_": lambda: torch.nn.init.constant_(torch.empty(3, 2), 0.1),
+}
+
+
+def _facts(t: torch.Tensor) -> tuple:
+    return (type(t), t.device, t.shape, t.dtype, t.stride(), t.requires_grad)
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_the_meta_build_makes_what_torch_makes_on_meta(name):
+    # the meta build skips values (constant factories made as `empty`, fills skipped): what it makes
+    # must be what torch itself makes on the meta device, tensor for tensor
+    with torch.device("meta"):
+        want = FACTORIES[name]()
+    with meta_device():
+        got = FACTORIES[name]()
+    assert _facts(got) == _facts(want)
+
+
+def test_the_meta_build_leaves_other_devices_alone():
+    with meta_device():
+        cpu = torch.zeros(3, device="cpu")
+        filled = torch.full((2,), 2.0, device="cpu").fill_(5.0)
+    assert torch.equal(cpu, torch.zeros(3)) and torch.equal(filled, torch.full((2,), 5.0))
 
 
 def test_computed_buffer_is_empty_on_meta_and_computed_otherwise():
