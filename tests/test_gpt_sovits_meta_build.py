@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpt_sovits_fixtures import tiny_set  # noqa: F401 (fixture)
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
 
 from voicehub.models.gpt_sovits.weights import computed_buffer, meta_device
 
@@ -175,6 +175,67 @@ def test_the_meta_build_leaves_other_devices_alone():
         cpu = torch.zeros(3, device="cpu")
         filled = torch.full((2,), 2.0, device="cpu").fill_(5.0)
     assert torch.equal(cpu, torch.zeros(3)) and torch.equal(filled, torch.full((2,), 5.0))
+
+
+# A whole load (default voice warmed up: on CUDA the graph captures, Triton kernels chosen at load) and one
+# request, every thread profiled: torch's Python kernels that ran with neither transformers nor an import on
+# the stack. transformers' constructors do run some (weight norm and arange on meta), after its import has
+# brought the modules they need.
+RUNTIME_SCRIPT = r"""
+import json, sys, threading
+from pathlib import Path
+
+import torch
+
+TORCH = str(Path(torch.__file__).parent) + "/"
+KERNELS = tuple(TORCH + p for p in ("_refs/", "_decomp/", "_prims/", "_prims_common/", "_meta_registrations.py"))
+outside = []
+
+def profile(frame, event, arg):
+    if event != "call" or not frame.f_code.co_filename.startswith(KERNELS):
+        return
+    f, where = frame.f_back, None
+    while f is not None:
+        path = f.f_code.co_filename
+        if "/transformers/" in path or path.startswith("<frozen importlib"):
+            return
+        if where is None and not path.startswith(TORCH) and not path.endswith("weights.py"):
+            where = f"{path}:{f.f_lineno}"
+        f = f.f_back
+    outside.append((frame.f_code.co_name, where))
+
+root, wav, text, device = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+threading.setprofile(profile)
+sys.setprofile(profile)
+from voicehub import AutoModelForTextToSpeech
+from voicehub.models.gpt_sovits import Voice
+from voicehub.optimization.config import TTSOptimizationConfig
+
+voice = Voice(wav, text, "en")
+kw = dict(model_type="gpt-sovits-v3", device=device, default_voice=voice)
+if device == "cuda":
+    kw.update(cuda_graph_preset="minimal", optimization_config=TTSOptimizationConfig(kernel_backend="triton"))
+model = AutoModelForTextToSpeech.from_pretrained(root, **kw)
+model.generate("One request.", voice=voice, seed=0, force_n_tokens=16, speed=1.0, how_to_cut="none")
+sys.setprofile(None)
+threading.setprofile(None)
+print(json.dumps({"outside": outside[:20], "n_outside": len(outside)}))
+"""
+
+
+@pytest.mark.gpu
+def test_a_cuda_load_and_request_run_torchs_python_kernels_only_in_transformers(tiny_set, reference_wav):  # noqa: F811
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    args = [str(tiny_set), str(reference_wav), REFERENCE_TEXT, "cuda"]
+    out = subprocess.run(
+        [sys.executable, "-c", RUNTIME_SCRIPT, *args], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ran["n_outside"] == 0, (
+        f"torch's Python kernels (function, caller) outside transformers: {ran['outside']}"
+    )
 
 
 def test_computed_buffer_is_empty_on_meta_and_computed_otherwise():
