@@ -76,6 +76,8 @@ def load_transformers_model(
     transformers version whose model has a tensor not covered there is built for real and loaded
     as before (the same values, more slowly), and the log says so.
     """
+    # transformers' constructors still run a few ops through torch's Python meta kernels (HuBERT's weight
+    # norm, BERT's arange): importing its model modules has imported torch._dynamo and sympy already.
     with meta_device():  # no throw-away random init of every weight
         model = build()
     uncovered = [name for name in without_builder(model, computed) if name not in state]
