@@ -63,7 +63,8 @@ class StaticKVCache:
 
     def reset_row(self, row: int) -> None:
         """Free a row; its old contents stay in memory but are masked out by length 0."""
-        self.lengths[row] = 0
+        # a slice, not lengths[row]: a 0-dim CUDA element set from a Python number is a blocking copy
+        self.lengths[row : row + 1] = 0
 
     def fill_row(self, layer: int, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write a prompt's keys/values into slots [0, T) of one row. k, v: [n_head, T, head_dim].
@@ -75,7 +76,7 @@ class StaticKVCache:
         self.v[layer, row, :, :n] = v
 
     def set_length(self, row: int, n_valid: int) -> None:
-        self.lengths[row] = n_valid
+        self.lengths[row : row + 1] = n_valid  # a fill kernel, no wait for the device (see reset_row)
 
     def step_mask(self, n_slots: int) -> torch.Tensor:
         """bool [batch, 1, 1, n_slots]: slots a new token at position `lengths` may attend to,

@@ -4,12 +4,17 @@ An engine (`RowEngine`) owns the device state of `max_rows` rows; the scheduler 
 request lives in which row and when the engine runs:
 - `submit(request)` queues a request (bounded: `QueueFullError` when `max_queue` wait already) and
   returns a `StreamHandle` (an iterator of token lists, a callback, `result()`, `cancel()`);
-- each `pump()` first frees rows of cancelled streams, admits queued requests into free rows (the
-  engine prefills that row only; other rows' state is untouched), then runs `stop_check_interval`
-  steps of every row together, and only then reads the device once (`poll`): new tokens go out to
-  their handles, finished rows leave and their row is free for the next `pump`.
+- each `pump()` is one round: it frees rows of cancelled streams, admits every queued request that
+  has a free row in one `admit_rows` call (the engine prefills those rows together; other rows' state
+  is untouched), runs up to `stop_check_interval` steps of every row together (fewer when no row can
+  take more: the engine says how many steps each row may still take), then takes a `snapshot` of the
+  rows (an asynchronous device -> host copy, no wait) and `collect`s snapshots `poll_lag` rounds old:
+  new tokens go out to their handles, finished rows leave and their row is free for the next round.
+  With poll_lag 1 the host reads round k while the device runs round k+1 (the host never waits for an
+  empty device queue); a finished row then rides along, unchanged, one round longer. A round that
+  steps nothing collects every snapshot left.
 - Rows are handed out lowest index first, so the batch bucket of a step is the smallest engine
-  bucket >= (highest busy row + 1); a freed low row is refilled before the batch grows.
+  bucket >= (highest row that may still step + 1); a freed low row is refilled before the batch grows.
 
 Threads: `submit` and `cancel` may be called from any thread; `pump` from one thread at a time (the
 GPU worker: `start()` runs it in a daemon thread until `stop()`, or a caller pumps by hand).
@@ -39,10 +44,12 @@ class StreamCancelledError(VoiceHubError, RuntimeError):
 
 @dataclass
 class RowUpdate:
-    """What one poll found for a row: tokens sampled since the last poll, and whether it finished."""
+    """What one snapshot held for a row: tokens sampled since the previous one, whether it finished,
+    and (when finished) the engine's final result for it."""
 
     tokens: list[int]
     is_done: bool
+    result: Any = None
 
 
 class RowEngine(Protocol):
@@ -50,22 +57,26 @@ class RowEngine(Protocol):
 
     max_rows: int
     row_buckets: tuple[int, ...]  # batch sizes a step may run at (sorted, max_rows last)
-    stop_check_interval: int  # steps between two host reads of the device state
+    stop_check_interval: int  # most steps between two snapshots
 
     def check(self, request: Any) -> None:
         """Raise ValueError (naming the fix) if the request can never run on this engine."""
 
-    def admit(self, row: int, request: Any) -> None:
-        """Prefill `request` into free `row` (touching no other row) and draw its first token."""
+    def admit_rows(self, rows: list[int], requests: list[Any]) -> None:
+        """Prefill each request into its free row (touching no other row) and draw its first token."""
+
+    def steps_left(self, row: int) -> int:
+        """The most steps a busy row may still take (0: done for sure, only waiting to be collected)."""
 
     def step(self, n_rows: int) -> None:
         """Advance every live row in [0, n_rows) by one token; rows not live must stay unchanged."""
 
-    def poll(self, rows: list[int]) -> dict[int, RowUpdate]:
-        """One read of the device: new tokens and finished flags of `rows`."""
+    def snapshot(self, rows: list[int]) -> Any:
+        """Start copying the state of `rows` to the host (no wait); `collect` reads it."""
 
-    def result(self, row: int) -> Any:
-        """The final result of a finished row (before `release`)."""
+    def collect(self, snapshot: Any) -> dict[int, RowUpdate]:
+        """Wait for a snapshot: new tokens, finished flags and final results of the rows it holds that
+        are still held by the request they held when it was taken."""
 
     def release(self, row: int) -> None:
         """Free a row (finished or cancelled): it stops consuming work and holds no request state."""
@@ -130,17 +141,21 @@ class StreamHandle:
 
 
 class ContinuousScheduler:
-    """Admits requests into the rows of `engine` as rows free up; see the module docstring."""
+    """Admits requests into the rows of `engine` as rows free up; see the module docstring.
+    poll_lag: rounds a snapshot waits before it is read (0: at the end of its own round)."""
 
-    def __init__(self, engine: RowEngine, max_queue: int = 64):
-        if max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
-        self.engine, self.max_queue = engine, max_queue
+    def __init__(self, engine: RowEngine, max_queue: int = 64, poll_lag: int = 0):
+        if max_queue < 0 or poll_lag < 0:
+            raise ValueError(f"max_queue and poll_lag must be >= 0, got {max_queue}, {poll_lag}")
+        self.engine, self.max_queue, self.poll_lag = engine, max_queue, poll_lag
         self._lock = threading.Lock()
         self._waiting: deque[StreamHandle] = deque()
         self._rows: dict[int, StreamHandle] = {}  # busy row -> its stream (touched by pump only)
+        # snapshots not read yet, each with the rows' streams when it was taken
+        self._pending: deque[tuple[Any, dict[int, StreamHandle]]] = deque()
         self._loop = RoundLoop(self.pump, "voicehub-scheduler")
         self.n_steps = 0  # steps run so far (all rows together)
+        self.n_rounds = 0  # pumps that stepped
 
     def submit(self, request: Any, on_tokens: Callable[[list[int]], None] | None = None) -> StreamHandle:
         """Queue a request; raises QueueFullError when max_queue requests already wait (backpressure:
@@ -171,22 +186,23 @@ class ContinuousScheduler:
         return not self._rows and self.n_waiting == 0
 
     def pump(self) -> bool:
-        """One round: free cancelled rows, admit, step `stop_check_interval` times, poll, emit.
+        """One round: free cancelled rows, admit, step, snapshot, collect what is poll_lag rounds old.
         Returns whether any stream is still active or waiting."""
         self._drop_cancelled()
-        self._admit()
-        if self._rows:
-            try:
-                n_rows = pick_bucket(max(self._rows) + 1, self.engine.row_buckets)
-                for _ in range(self.engine.stop_check_interval):
-                    self.engine.step(n_rows)
-                    self.n_steps += 1
-                self._collect()
-            except BaseException as error:  # every live stream learns of the engine failure
-                for row in list(self._rows):
-                    self._rows.pop(row)._finish(error=error)
-                    self.engine.release(row)
-                raise
+        n_admitted = self._admit()
+        try:
+            n_stepped = self._step_round()
+            if self._rows and (n_stepped or n_admitted):
+                self._pending.append((self.engine.snapshot(sorted(self._rows)), dict(self._rows)))
+            keep = self.poll_lag if n_stepped else 0  # nothing runs meanwhile: read everything now
+            while len(self._pending) > keep:
+                self._collect(*self._pending.popleft())
+        except BaseException as error:  # every live stream learns of the engine failure
+            self._pending.clear()
+            for row in list(self._rows):
+                self._rows.pop(row)._finish(error=error)
+                self.engine.release(row)
+            raise
         return not self.is_idle
 
     def run_until_idle(self, max_pumps: int = 1_000_000) -> None:
@@ -213,28 +229,59 @@ class ContinuousScheduler:
         for handle in cancelled:
             handle._finish(error=StreamCancelledError("the stream was cancelled before it started"))
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Every waiting request that has a free row, lowest rows first (keeps the batch bucket small),
+        admitted in one engine call. A request the engine refuses fails alone; a failure of the call
+        itself fails the requests of that call."""
+        if self.n_waiting == 0:
+            return 0
         free = [r for r in range(self.engine.max_rows) if r not in self._rows]
-        for row in free:  # lowest rows first: keeps the batch bucket small
-            with self._lock:
-                if not self._waiting:
-                    return
-                handle = self._waiting.popleft()
+        taken: list[StreamHandle] = []
+        with self._lock:
+            while self._waiting and len(taken) < len(free):
+                taken.append(self._waiting.popleft())
+        handles = []
+        for handle in taken:
             try:
-                self.engine.admit(row, handle.request)
-            except Exception as error:  # a bad request fails alone; the row stays free
-                self.engine.release(row)
+                self.engine.check(handle.request)
+            except Exception as error:
                 handle._finish(error=error)
                 continue
-            self._rows[row] = handle
+            handles.append(handle)
+        rows = free[: len(handles)]
+        if not rows:
+            return 0
+        try:
+            self.engine.admit_rows(rows, [h.request for h in handles])
+        except Exception as error:  # the rows stay free
+            for row, handle in zip(rows, handles):
+                self.engine.release(row)
+                handle._finish(error=error)
+            return 0
+        self._rows.update(zip(rows, handles))
+        return len(rows)
 
-    def _collect(self) -> None:
-        updates = self.engine.poll(sorted(self._rows))
-        for row, update in updates.items():
-            handle = self._rows[row]
+    def _step_round(self) -> int:
+        """Up to stop_check_interval steps over the rows that may still step; returns how many ran."""
+        left = [(row, self.engine.steps_left(row)) for row in self._rows]
+        stepping = [(row, n) for row, n in left if n > 0]
+        if not stepping:
+            return 0
+        n_rows = pick_bucket(max(row for row, _ in stepping) + 1, self.engine.row_buckets)
+        n_steps = min(self.engine.stop_check_interval, max(n for _, n in stepping))
+        for _ in range(n_steps):
+            self.engine.step(n_rows)
+        self.n_steps += n_steps
+        self.n_rounds += 1
+        return n_steps
+
+    def _collect(self, snapshot: Any, owners: dict[int, StreamHandle]) -> None:
+        for row, update in self.engine.collect(snapshot).items():
+            handle = owners[row]
+            if self._rows.get(row) is not handle:  # cancelled since the snapshot was taken
+                continue
             handle._emit(update.tokens)
             if update.is_done:
-                result = self.engine.result(row)
                 self.engine.release(row)
                 del self._rows[row]
-                handle._finish(result)
+                handle._finish(update.result)

@@ -17,8 +17,10 @@ of that bucket:
   first, so the padding's K/V never matters;
 - the next-token logits gathered at the last real position, and the rows' cache lengths set, on the device.
 The unit is written for R rows, each with its own lengths and destination row (distinct: index_copy_ with
-a repeated row is a race). A batch is not padded with extra rows (they would write somewhere): `PaddedPrefill`
-keys its graphs on the exact row count, from `row_counts` (a single-stream decoder loads one row: (1,)).
+a repeated row is a race, unless both write the same values). `load` keys its graphs on the exact row
+count, from `row_counts` (a single-stream decoder loads one row: (1,)); `load_padded` fills a call of the
+smallest row count that holds its prompts with copies of the last one (same destination, same values), so
+an owner with one row count runs every prompt at the same shape however many share the call.
 """
 
 from __future__ import annotations
@@ -186,16 +188,70 @@ class PaddedPrefill:
         assert n == len(prompts) and len(set(rows)) == n, "one prompt per distinct row"
         if n not in self.row_counts:
             raise ValueError(f"{n} prompts at once; this prefill takes {self.row_counts} (exact row counts)")
-        n_real = max(p.shape[0] + t.shape[0] for p, _, t in prompts)
+        n_slots = self.bucket_of(max(p.shape[0] + t.shape[0] for p, _, t in prompts))
+        self._fill(rows, prompts, n_slots)
+        return self.graphs.run((n, n_slots))
+
+    def load_padded(
+        self, rows: list[int], prompts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """`load` for 1..max(row_counts) prompts, run at the smallest row count that holds them: the padding
+        rows repeat the last prompt and its destination row (the same values written twice). A prompt's
+        numbers then depend only on that row count and its length bucket, so a caller that groups prompts
+        by `bucket_of` and keeps one row count gets the same K/V and logits for a prompt alone or in a group.
+        Prompts on the host fill each buffer with one copy from pinned memory (no wait for the device's
+        queue). Returns logits [len(rows), V] (a view of the static output: read it before the next load)."""
+        n = len(rows)
+        assert n == len(prompts) and len(set(rows)) == n, "one prompt per distinct row"
+        n_call = next((c for c in self.row_counts if c >= n), None)
+        if n == 0 or n_call is None:
+            raise ValueError(f"{n} prompts at once; this prefill takes 1..{self.row_counts[-1]}")
+        n_slots = self.bucket_of(max(p.shape[0] + t.shape[0] for p, _, t in prompts))
+        pad = n_call - n
+        self._fill(rows + rows[-1:] * pad, prompts + prompts[-1:] * pad, n_slots)
+        return self.graphs.run((n_call, n_slots))[:n]
+
+    def bucket_of(self, n_real: int) -> int:
+        """The length bucket of a prompt of n_real positions (ValueError beyond the room)."""
         if n_real > self.prompt_room:
             raise ValueError(
                 f"prompt of {n_real} positions exceeds the padded prefill's room of {self.prompt_room}"
             )
-        n_slots, buf = pick_bucket(n_real, self.buckets), self.buf
-        for r, (phone_ids, bert, tokens) in enumerate(prompts):
-            n_text, n_audio = phone_ids.shape[0], tokens.shape[0]
-            buf.phone_ids[r, :n_text] = phone_ids
-            buf.bert[r, :, :n_text] = bert
-            buf.audio_ids[r, n_text : n_text + n_audio] = tokens
-            buf.n_text[r], buf.n_audio[r], buf.rows[r] = n_text, n_audio, rows[r]
-        return self.graphs.run((n, n_slots))
+        return pick_bucket(n_real, self.buckets)
+
+    def _fill(
+        self, rows: list[int], prompts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], n_slots: int
+    ) -> None:
+        buf = self.buf.narrow(len(rows))
+        device = buf.rows.device
+        lengths = torch.tensor([[p.shape[0], t.shape[0], row] for row, (p, _, t) in zip(rows, prompts)])
+        if device.type != "cuda" or any(x.is_cuda for prompt in prompts for x in prompt):
+            for r, (phone_ids, bert, tokens) in enumerate(prompts):  # row by row, on the device
+                n_text, n_audio = phone_ids.shape[0], tokens.shape[0]
+                buf.phone_ids[r, :n_text] = to_device(phone_ids, device)
+                buf.bert[r, :, :n_text] = to_device(bert, device)
+                buf.audio_ids[r, n_text : n_text + n_audio] = to_device(tokens, device)
+        else:  # laid out on the host, one copy per buffer; bert in float32, cast on the device
+            phone = torch.zeros(len(rows), n_slots, dtype=torch.long)
+            audio, bert_host = torch.zeros_like(phone), torch.zeros(len(rows), BERT_DIM, n_slots)
+            for r, (phone_ids, bert, tokens) in enumerate(prompts):
+                n_text, n_audio = phone_ids.shape[0], tokens.shape[0]
+                phone[r, :n_text], bert_host[r, :, :n_text] = phone_ids, bert
+                audio[r, n_text : n_text + n_audio] = tokens
+            buf.phone_ids[:, :n_slots] = to_device(phone, device)
+            buf.audio_ids[:, :n_slots] = to_device(audio, device)
+            buf.bert[:, :, :n_slots] = to_device(bert_host, device)
+        lengths = to_device(lengths, device)
+        buf.n_text.copy_(lengths[:, 0])
+        buf.n_audio.copy_(lengths[:, 1])
+        buf.rows.copy_(lengths[:, 2])
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """x on `device`; from the host to CUDA through pinned memory, without waiting for the device's queue
+    (a copy from pageable memory waits for it)."""
+    if x.device == device:
+        return x
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
