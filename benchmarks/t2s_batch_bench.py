@@ -17,6 +17,17 @@ engine (per-row streams make them comparable; first divergence reported, no marg
 --kernels triton steps with the kernels kernel_backend=triton gives the row engine (the many-row layer
 stack t2s_layer_stack_rows and the fused sampler; --rows-stack gemv keeps the one-row GEMV stack, for A/B).
 
+Where a level's wall time goes (`breakdown`, from the timed run's rounds): `admit_s` (first submit ->
+every stream has its first token); the admission phase (rounds until the row count is the level's, with
+no stream waiting); `steady` (rounds while every stream is live and none waits: time per step, tokens/s);
+the tail (rounds after the first stream finished). `replay` is the floor the loop is read against: the
+level's streams admitted, then the step graphs of the whole decode (same row bucket and KV buckets)
+replayed in a loop with no host work between, synced once; `steady_over_replay` and
+`wall_over_replay` are the loop's cost as ratios. `syncs` (CUDA): a separate untimed run of the level under
+torch.cuda.set_sync_debug_mode("warn") counts the operations that block on the device (.item(), .cpu(),
+blocking copies...) per phase; `host_reads_per_step` counts the engine's deliberate reads (a snapshot's
+event, one per round).
+
     python benchmarks/t2s_batch_bench.py --out benchmarks/results/t2s_batch_h200.json
     python benchmarks/t2s_batch_bench.py --kernels triton --out benchmarks/results/t2s_batch_triton_h200.json
     python benchmarks/t2s_batch_bench.py --device cpu --size tiny --dtype float32 --levels 1,4 --n-tokens 40
@@ -29,6 +40,8 @@ import json
 import statistics
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -37,9 +50,10 @@ from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, meta, timed
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
-from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
+from voicehub.models.gpt_sovits.t2s.scheduler import PREFILL_ROWS, T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SRequest
 from voicehub.runtime.kernels import registry
+from voicehub.runtime.kv_cache import pick_bucket
 from voicehub.runtime.scheduler import ContinuousScheduler
 
 N_PHONES, N_PROMPT = 80, 150
@@ -67,12 +81,30 @@ def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | No
     )
 
 
-def run_level(engine: T2SRowEngine, requests: list[T2SRequest]) -> dict:
-    """Submit every request at once, pump until all finish; timings and each stream's tokens."""
-    sched = ContinuousScheduler(engine, max_queue=len(requests))
+@contextmanager
+def counting_syncs(is_on: bool):
+    """A list that grows by one per operation blocking on the CUDA device while inside (sync debug mode)."""
+    if not is_on:
+        yield []
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+
+def run_level(
+    engine: T2SRowEngine, requests: list[T2SRequest], poll_lag: int, count_syncs: bool = False
+) -> dict:
+    """Submit every request at once, pump until all finish; timings, rounds and each stream's tokens."""
+    sched = ContinuousScheduler(engine, max_queue=len(requests), poll_lag=poll_lag)
     first_token_s: list[float | None] = [None] * len(requests)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()  # start the clock on an idle device
+    reads = engine.n_snapshots
     t0 = time.perf_counter()
 
     def on_tokens(i):
@@ -83,8 +115,15 @@ def run_level(engine: T2SRowEngine, requests: list[T2SRequest]) -> dict:
         return record
 
     handles = [sched.submit(r, on_tokens=on_tokens(i)) for i, r in enumerate(requests)]
-    sched.run_until_idle()
-    wall = time.perf_counter() - t0
+    rounds = [(0.0, 0, 0, len(requests), 0)]  # after each pump: (s, steps, active, waiting, syncs)
+    with counting_syncs(count_syncs and engine.device.type == "cuda") as syncs:
+        is_busy = True
+        while is_busy:
+            is_busy = sched.pump()
+            rounds.append(
+                (time.perf_counter() - t0, sched.n_steps, sched.n_active, sched.n_waiting, len(syncs))
+            )
+    wall = rounds[-1][0]
     results = [h.result() for h in handles]
     n_tokens = sum(int(r.tokens.numel()) for r in results)
     firsts = sorted(first_token_s)
@@ -101,7 +140,84 @@ def run_level(engine: T2SRowEngine, requests: list[T2SRequest]) -> dict:
             "max": firsts[-1],
         },
         "_tokens": [r.tokens for r in results],
+        "_rounds": rounds,
+        "_reads": engine.n_snapshots - reads,
     }
+
+
+def phases(rounds: list[tuple], n_streams: int) -> dict[str, list[int]]:
+    """Round indices per phase: steady = rounds that stepped with every stream live and none waiting before
+    and after; admission before the first steady round, tail after the last (all three when none is steady:
+    everything is admission)."""
+    steady = [
+        i for i in range(1, len(rounds))
+        if rounds[i - 1][2:4] == (n_streams, 0) and rounds[i][2] == n_streams and rounds[i][1] > rounds[i - 1][1]
+    ]  # fmt: skip
+    lo, hi = (steady[0], steady[-1]) if steady else (len(rounds), len(rounds))
+    return {"admission": list(range(1, lo)), "steady": steady, "tail": list(range(hi + 1, len(rounds)))}
+
+
+def span(rounds: list[tuple], idx: list[int], col: int) -> float:
+    """Sum over rounds idx of the change of column col (0 time, 1 steps, 4 syncs)."""
+    return sum(rounds[i][col] - rounds[i - 1][col] for i in idx)
+
+
+def breakdown(run: dict, sync_run: dict | None, replay: float, n_replayed: int) -> dict:
+    rounds, n = run["_rounds"], run["n_streams"]
+    parts = phases(rounds, n)
+    out: dict = {"admit_s": run["first_token_s"]["max"], "n_rounds": len(rounds) - 1}
+    for name in ("admission", "tail"):
+        out[name] = {
+            "s": span(rounds, parts[name], 0),
+            "steps": span(rounds, parts[name], 1),
+            "rounds": len(parts[name]),
+        }
+    steady_s, steady_steps = span(rounds, parts["steady"], 0), span(rounds, parts["steady"], 1)
+    out["steady"] = {"s": steady_s, "steps": steady_steps, "rounds": len(parts["steady"])}
+    replay_us = replay / n_replayed * 1e6
+    out["replay"] = {
+        "s": replay,
+        "steps": n_replayed,
+        "us_per_step": replay_us,
+        "tokens_per_s": n * n_replayed / replay,
+    }
+    if steady_steps:
+        us = steady_s / steady_steps * 1e6
+        out["steady"] |= {"us_per_step": us, "tokens_per_s": n * steady_steps / steady_s}
+        out["steady_over_replay"] = us / replay_us
+    out["wall_over_replay"] = (
+        run["wall_s"] / (replay * run["n_steps"] / n_replayed) if run["n_steps"] else None
+    )
+    out["host_reads_per_step"] = run["_reads"] / max(run["n_steps"], 1)
+    if sync_run is not None:
+        r, p = sync_run["_rounds"], phases(sync_run["_rounds"], n)
+        out["syncs"] = {name: span(r, p[name], 4) for name in p} | {"total": r[-1][4]}
+        steps = span(r, p["steady"], 1)
+        out["syncs"]["steady_per_step"] = out["syncs"]["steady"] / steps if steps else None
+    return out
+
+
+def replay_only(engine: T2SRowEngine, requests: list[T2SRequest], n_steps: int) -> float:
+    """Seconds for the level's decode as graph replays alone: its requests admitted (their real prompts
+    and sampling), then n_steps replays of the step graph at the level's row bucket and each step's KV
+    bucket, no host work between, synced once; the rows are released after."""
+    rows = list(range(len(requests)))
+    engine.admit_rows(rows, requests)
+    n_prompt = max(r.phone_ids.shape[0] + r.prompt_tokens.shape[0] for r in requests)
+    n_rows = pick_bucket(len(rows), engine.row_buckets)
+    keys = [(n_rows, pick_bucket(n_prompt + s + 1, engine.engine.buckets)) for s in range(n_steps)]
+    on_gpu = engine.device.type == "cuda"
+    if on_gpu:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for key in keys:
+        engine.graphs.run(key)
+    if on_gpu:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    for row in rows:
+        engine.release(row)
+    return seconds
 
 
 def identity(tokens: torch.Tensor, eager_ref, alone: torch.Tensor | None) -> dict:
@@ -121,6 +237,11 @@ def main() -> None:
     p.add_argument("--levels", default="1,4,16,64,128")
     p.add_argument("--reps", type=int, default=3, help="timed runs per level; the median-wall run is kept")
     p.add_argument("--stop-check-interval", type=int, default=8)
+    p.add_argument("--poll-lag", type=int, default=1, help="rounds a snapshot waits before it is read")
+    p.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS, help="prompts per padded prefill call")
+    p.add_argument(
+        "--no-sync-count", action="store_true", help="skip the untimed sync-counting run per level"
+    )
     p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (graphs off)")
     p.add_argument(
         "--kernels",
@@ -146,7 +267,8 @@ def main() -> None:
     )  # fmt: skip
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
-    engine, capture_s = timed(lambda: T2SRowEngine(model, cfg, preset="full" if on_gpu else "off"))
+    preset = "full" if on_gpu else "off"
+    engine, capture_s = timed(lambda: T2SRowEngine(model, cfg, preset=preset, prefill_rows=args.prefill_rows))
     kernels = step_kernels(args.kernels, args.rows_stack, args.device)
     if kernels is not None:  # captured again with the kernels (the first capture is the native step's)
         _, capture_s = timed(lambda: engine.set_step_kernels(kernels))
@@ -156,16 +278,24 @@ def main() -> None:
         decode(model, r.phone_ids, r.bert, r.prompt_tokens, r.params) if i < 2 else None
         for i, r in enumerate(requests[:n_check])
     ]
-    alone = [run_level(engine, [r])["_tokens"][0] for r in requests[:n_check]]
-    run_level(engine, requests[: min(4, max(levels))])  # warm-up: allocator, first replays
+    lag = args.poll_lag
+    alone = [run_level(engine, [r], lag)["_tokens"][0] for r in requests[:n_check]]
+    run_level(engine, requests[: min(4, max(levels))], lag)  # warm-up: allocator, first replays
     rows = []
     for level in levels:
         runs = sorted(
-            (run_level(engine, requests[:level]) for _ in range(args.reps)), key=lambda r: r["wall_s"]
+            (run_level(engine, requests[:level], lag) for _ in range(args.reps)), key=lambda r: r["wall_s"]
         )
         row = runs[len(runs) // 2]
         row["wall_all_s"] = [r["wall_s"] for r in runs]
+        sync_run = (
+            None if args.no_sync_count or not on_gpu else run_level(engine, requests[:level], lag, True)
+        )
+        n_replayed = args.n_tokens - 1  # forced: one token at admission, then one a step
+        replay = replay_only(engine, requests[:level], n_replayed)
+        row["breakdown"] = breakdown(row, sync_run, replay, n_replayed)
         toks = row.pop("_tokens")
+        del row["_rounds"], row["_reads"]
         row["identity"] = [identity(toks[i], eager[i], alone[i]) for i in range(min(level, n_check))]
         rows.append(row)
     result = {"levels": rows, "capture_full_s": capture_s, "n_graphs": len(engine.graphs.captured_buckets)}
@@ -178,8 +308,12 @@ def main() -> None:
         "checkpoint": args.size, "n_phones": N_PHONES, "n_prompt_tokens": N_PROMPT,
         "n_decoded": args.n_tokens, "levels": levels, "kv_buckets": list(KV_BUCKETS),
         "batch_buckets": list(cfg.row_buckets), "stop_check_interval": args.stop_check_interval,
+        "poll_lag": args.poll_lag, "prefill_rows": args.prefill_rows,
     }  # fmt: skip
-    info["warmups"] = "capture at load (preset full), one 4-stream run; median of --reps runs per level"
+    info["warmups"] = (
+        "capture at load (preset full), one 4-stream run; median of --reps runs per level; then per level one "
+        "untimed sync-counting run and the replay-only decode (breakdown)"
+    )
     info["arrival"] = "closed loop: every stream of a level submitted at once"
     info["epsilon_margin_rule"] = {"logit": EPSILON_LOGIT, "race": EPSILON_RACE}
     info["kernels"] = {
@@ -199,6 +333,23 @@ def main() -> None:
         for i, x in enumerate(r["identity"]):
             if not x.get("identical"):
                 print(f"        stream {i}: {x}")
+    print(
+        f"\n{'streams':>7} {'admit_s':>8} {'adm_phase':>9} {'steady_us':>9} {'steady_tok/s':>12} {'tail_s':>7}"
+        f" {'replay_us':>9} {'steady/replay':>13} {'wall/replay':>11} {'syncs/step':>10} {'reads/step':>10}"
+    )
+    for r in rows:
+        b = r["breakdown"]
+        steady, syncs = b["steady"], b.get("syncs", {})
+
+        def num(x, fmt):
+            return format(x, fmt) if x is not None else "-"
+
+        print(
+            f"{r['n_streams']:7d} {b['admit_s']:8.3f} {b['admission']['s']:9.3f} {num(steady.get('us_per_step'), '9.0f')}"
+            f" {num(steady.get('tokens_per_s'), '12.0f')} {b['tail']['s']:7.3f} {b['replay']['us_per_step']:9.0f}"
+            f" {num(b.get('steady_over_replay'), '13.3f')} {num(b['wall_over_replay'], '11.3f')}"
+            f" {num(syncs.get('steady_per_step'), '10.3f')} {b['host_reads_per_step']:10.3f}"
+        )
     print("capture:", round(capture_s, 2), "s;", result["n_graphs"], "graphs")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
