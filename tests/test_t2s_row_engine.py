@@ -176,3 +176,22 @@ def test_rounds_wait_for_the_device_only_at_snapshot_events(tmp_path):
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
+def test_prompts_staged_on_the_host_equal_prompts_on_the_device(tmp_path):
+    """CUDA: requests whose tensors are on the host (one pinned copy per buffer) admit rows bitwise equal to
+    the same requests on the device (row-by-row copies)."""
+    path = make_t2s_checkpoint(tmp_path / "tiny.ckpt", "tiny", seed=0)
+    model, config = load_t2s(path, dtype="float32", device="cuda")
+    rows, host = [4, 0, 2, 5, 1], _requests(config)
+    device = [T2SRequest(r.phone_ids.cuda(), r.bert.cuda(), r.prompt_tokens.cuda(), r.params) for r in host]
+    engines = []
+    for reqs in (host, device):
+        engine = T2SRowEngine(model, ENGINE, "full", prefill_rows=2)
+        engine.admit_rows(rows, reqs)
+        engines.append(engine)
+    for row in rows:
+        assert all(
+            torch.equal(a, b) for a, b in zip(_row_state(engines[0], row), _row_state(engines[1], row))
+        ), row

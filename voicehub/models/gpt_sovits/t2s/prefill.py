@@ -231,16 +231,18 @@ class PaddedPrefill:
                 buf.phone_ids[r, :n_text] = to_device(phone_ids, device)
                 buf.bert[r, :, :n_text] = to_device(bert, device)
                 buf.audio_ids[r, n_text : n_text + n_audio] = to_device(tokens, device)
-        else:  # laid out on the host, one copy per buffer; bert in float32, cast on the device
+        else:  # laid out on the host, one copy per buffer; bert in float32 (cast on the device), only as
+            # wide as the longest phonemes: its columns past a row's n_text are never used
             phone = torch.zeros(len(rows), n_slots, dtype=torch.long)
-            audio, bert_host = torch.zeros_like(phone), torch.zeros(len(rows), BERT_DIM, n_slots)
+            n_bert = max(p.shape[0] for p, _, _ in prompts)
+            audio, bert_host = torch.zeros_like(phone), torch.zeros(len(rows), BERT_DIM, n_bert)
             for r, (phone_ids, bert, tokens) in enumerate(prompts):
                 n_text, n_audio = phone_ids.shape[0], tokens.shape[0]
                 phone[r, :n_text], bert_host[r, :, :n_text] = phone_ids, bert
                 audio[r, n_text : n_text + n_audio] = tokens
             buf.phone_ids[:, :n_slots] = to_device(phone, device)
             buf.audio_ids[:, :n_slots] = to_device(audio, device)
-            buf.bert[:, :, :n_slots] = to_device(bert_host, device)
+            buf.bert[:, :, :n_bert] = to_device(bert_host, device)
         lengths = to_device(lengths, device)
         buf.n_text.copy_(lengths[:, 0])
         buf.n_audio.copy_(lengths[:, 1])
