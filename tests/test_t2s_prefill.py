@@ -170,6 +170,13 @@ def test_graph_prefill_equals_eager_on_cuda(tmp_path, preset):
     assert set(prefill.graphs.captured_buckets) >= {(1, 64), (1, 128), (1, 256), (1, 512)}
 
 
+def test_padded_prefill_refuses_more_rows_than_the_cache(tiny):
+    model, config = tiny
+    cache = _cache(config)
+    with pytest.raises(ValueError, match=f"the cache holds {cache.batch} rows"):
+        PaddedPrefill(model, cache, 96, "off", row_counts=(1, cache.batch + 1), bucket=32)
+
+
 def test_row_engine_admits_through_the_padded_prefill(tiny):
     from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 
@@ -179,6 +186,8 @@ def test_row_engine_admits_through_the_padded_prefill(tiny):
     for padded in (False, True):
         rows = T2SRowEngine(model, engine, "off", padded_prefill=padded)
         assert (rows.prefill is not None) == padded
+        if padded:  # at most the engine's rows a call: a capture's warm-up writes rows 0..n-1
+            assert rows.prefill.row_counts == (2,)
         for row, (n_text, n_audio) in enumerate([(14, 17), (40, 30)]):
             params = T2SSamplingParams.greedy(force_n_tokens=30)
             rows.admit(row, T2SRequest(*random_prompt(config, n_text, n_audio, row), params))

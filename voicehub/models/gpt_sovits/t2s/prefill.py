@@ -153,6 +153,9 @@ class PaddedPrefill:
         w = model.ar_predict_layer.weight
         self.buckets = prefill_buckets(min(prompt_room, cache.max_slots), bucket)
         self.row_counts = tuple(sorted(row_counts))
+        if self.row_counts[-1] > cache.batch:
+            # the buffers' destination rows start as 0..n-1: a capture's warm-up would write past the cache
+            raise ValueError(f"row_counts {self.row_counts}: the cache holds {cache.batch} rows")
         self.buf = PrefillBuffers.allocate(
             self.row_counts[-1], self.buckets[-1], model.config.vocab_size, w.dtype, w.device
         )

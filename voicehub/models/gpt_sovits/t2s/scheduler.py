@@ -124,9 +124,8 @@ class T2SRowEngine(T2SStaticDecoder):
         if padded_prefill is None:
             padded_prefill = self.preset is GraphPreset.FULL
         if padded_prefill:  # a prefill writes only its own rows: capturing it with rows busy is harmless
-            self.prefill = PaddedPrefill(
-                model, self.cache, PROMPT_ROOM, self.preset, row_counts=(prefill_rows,)
-            )
+            rows = min(prefill_rows, n)  # an engine of fewer rows prefills them all in one call
+            self.prefill = PaddedPrefill(model, self.cache, PROMPT_ROOM, self.preset, row_counts=(rows,))
         keys = [(r, s) for r in self.engine.row_buckets for s in self.engine.buckets]
         self.graphs = BucketedGraphRunner(self._graph_step, keys, self.preset, self.device)
         self._capture()
