@@ -220,3 +220,19 @@ def test_cuda_encoder_graph_equals_eager(tiny_set, dtype):  # noqa: F811
             tol = 1e-4 if dtype == torch.float32 else 2e-2
             assert out.shape == alone.shape
             assert (out - alone).abs().max() <= tol * max(1.0, alone.abs().max().item()), key
+
+
+def test_row_graphs_without_capture_on_use_replay_only_what_was_captured(sovits, captured):  # noqa: F811
+    rows = [_row(sovits, 25, 20, 1.3, seed=1), _row(sovits, 75, 20, 1.3, seed=2)]
+    graphs = EncoderRowGraphs(sovits, CUDA, capture_on_use=False)
+    with torch.inference_mode():
+        eager, _ = encode_rows(sovits, rows)
+        assert graphs.capture([graphs.key(1, 25, 20, 1.3)]) == [(1, 25, 32, 1.3)]
+        one, calls_one = encode_rows(sovits, rows[:1], graphs)
+        both, calls_both = encode_rows(sovits, rows, graphs)
+    assert (calls_one.replayed, calls_one.eager) == (1, {})
+    # two rows take the 75-token row's bucket, not captured: no capture mid-round (it stalls the engine)
+    assert (calls_both.replayed, calls_both.eager) == (0, {"not_captured": 2})
+    assert captured == [(1, 25, 32)] and sorted(graphs.captured) == [(1, 25, 32, 1.3)]
+    for a, b in zip([one[0], *both], [eager[0], *eager]):
+        assert a.shape == b.shape and (a - b).abs().max() < ATOL

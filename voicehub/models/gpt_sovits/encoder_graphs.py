@@ -213,8 +213,12 @@ class EncoderRowGraphs:
         max_graphs: int = MAX_ROW_GRAPHS,
         row_buckets: Sequence[int] = ENCODER_ROW_BUCKETS,
         max_row_tokens: int = MAX_ENCODER_ROW_TOKENS,
+        capture_on_use: bool = True,
     ):
         self.model, self.device = model, device
+        # False: only `capture` captures; another key runs eagerly ('not_captured'), since a capture in
+        # the middle of a round (a warm-up with its cuDNN plans, then the capture) stalls every stream
+        self.capture_on_use = capture_on_use
         self.row_buckets, self.max_row_tokens = tuple(sorted(row_buckets)), max_row_tokens
         assert self.row_buckets[0] == 1, "a batch of one window replays a graph too"
         self.runners: dict[float, BucketedGraphRunner] = {}
@@ -268,7 +272,13 @@ class EncoderRowGraphs:
     def eager_reason(self, key: RowEncoderKey) -> str | None:
         """None when `key` replays a graph (captured, or in range with room to capture it); else why its
         rows run eagerly: 'too_long' (past MAX_TOKENS / MAX_PHONES, or rows x tokens past max_row_tokens)
-        or 'graph_limit' (max_graphs held). Call `check` first."""
+        or 'graph_limit' (max_graphs held), or 'not_captured' (capture_on_use off). Call `check` first."""
+        reason = self._why_eager(key)
+        if reason is None and not self.capture_on_use and key not in self._keys:
+            return "not_captured"
+        return reason
+
+    def _why_eager(self, key: RowEncoderKey) -> str | None:
         r, t, p, _ = key
         is_long = t > MAX_TOKENS or p > MAX_PHONES or (r > 1 and r * t > self.max_row_tokens)
 
@@ -287,7 +297,7 @@ class EncoderRowGraphs:
         memory) -> the keys captured now or before."""
         self.check()
         for key in sorted(keys, key=lambda k: (k[3], -k[0] * k[1], -k[2])):
-            if self.eager_reason(key) is None and key not in self._keys:
+            if self._why_eager(key) is None and key not in self._keys:
                 self._slots_of(key)  # allocated outside the capture, as every static input
                 self._keys.add(key)
                 self.runner(key[3]).run(key[:3])

@@ -103,7 +103,8 @@ class StreamEngine:
         # the batched encoder's graphs: the engine's own (CUDA with a capturing preset, as the acoustic graphs)
         self.encoder_graphs: EncoderRowGraphs | None = None
         if pipeline.acoustic_graphs is not None:
-            self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device)
+            # captured when the engine starts only: a capture mid-round stalled every stream (H200, level 16)
+            self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device, capture_on_use=False)
         t0 = time.perf_counter()
         self.vocoder_graphs_at_start = self._capture_vocoder_graphs()
         self.encoder_graphs_at_start = self._capture_encoder_graphs()
