@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
 
 from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.model import _sync_if_initialized
 from voicehub.models.gpt_sovits.warmup import LoadTimeline, voice_languages
 from voicehub.text.frontend import TextFrontend
 
@@ -129,3 +131,15 @@ def test_a_timeline_syncs_before_it_stamps_a_phase_end():
         pass
     assert calls == ["work", "sync"]
     assert list(timeline.info()["timeline_s"]) == ["gpu", "text_thread.en"]
+
+
+def test_a_cuda_load_syncs_its_own_device_once_cuda_is_initialised(monkeypatch):
+    # a bare torch.cuda.synchronize() waits for cuda:0 (and makes a context there) whatever the model's device
+    synced: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    _sync_if_initialized(torch.device("cuda:1"))
+    assert synced == []  # nothing queued before the context exists
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    _sync_if_initialized(torch.device("cuda:1"))
+    assert synced == [torch.device("cuda:1")]

@@ -122,9 +122,11 @@ def build_pipeline(
     )  # fmt: skip
 
 
-def _sync_if_initialized() -> None:
+def _sync_if_initialized(device: torch.device) -> None:
+    """Wait for `device`'s queue once CUDA is initialised (before: nothing queued; its own device, since a
+    bare synchronize() waits for the current device, cuda:0, and makes a context there)."""
     if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 class GptSovitsModel(TTSModel):
@@ -254,7 +256,7 @@ class GptSovitsModel(TTSModel):
         cuda = self.device.type == "cuda"
         # A main-thread phase syncs the GPU only once the runtime thread has made the context (waiting
         # for it there would bill the context to whichever phase ended first).
-        timeline = LoadTimeline(sync=_sync_if_initialized if cuda else None)
+        timeline = LoadTimeline(sync=(lambda: _sync_if_initialized(self.device)) if cuda else None)
         voice = self._load_time_voice()
         # One runtime thread: the CUDA context first (beside the transformers import), then transformers'
         # model modules (beside the T2S/SoVITS loads). Its errors surface after the pipeline is built.
