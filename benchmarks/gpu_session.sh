@@ -84,10 +84,10 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # the target level (64) and one below it, when a call has no room for every level
     streams64) step streams 170 python3 benchmarks/streams_bench.py --levels 16,64 --duration 8 --drain 8 \
       --budget-s 150 --out "$OUT/streams_h200.json" ;;
-    # the streaming path's SoVITS encoder graphs (encoder_graphs.py) and the GPU tests around them
     # session 6: the row engine's batched admission / lagged snapshots (GPU tests), then the serving tests
     enginetests) step engine-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_t2s_row_engine.py \
       tests/test_t2s_batching.py tests/test_t2s_prefill.py tests/test_gpt_sovits_serving_gpu.py ;;
+    # the streaming path's SoVITS encoder graphs (encoder_graphs.py) and the GPU tests around them
     encodertests) step encoder-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_sovits_gpu.py \
       tests/test_gpt_sovits_serving_gpu.py ;;
