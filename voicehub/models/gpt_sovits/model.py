@@ -252,7 +252,8 @@ class GptSovitsModel(TTSModel):
         # what only some text needs while the main thread goes on; a load-time optimization config is
         # applied before the T2S graphs are captured and before anything runs, so its kernels are the
         # ones captured and warmed up; then the default voice warms up. `warm_up_info["load"]` keeps the
-        # timeline: each phase's seconds (main thread, and the text thread's `text_thread.*`, which overlap).
+        # timeline: each phase's seconds (main thread; the text and runtime threads' `text_thread.*` and
+        # `runtime_thread.*`, which overlap it).
         cuda = self.device.type == "cuda"
         # A main-thread phase syncs the GPU only once the runtime thread has made the context (waiting
         # for it there would bill the context to whichever phase ended first).
