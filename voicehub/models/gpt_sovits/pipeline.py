@@ -10,7 +10,9 @@ It reproduces upstream's v3 flow (inference_webui.py `get_tts_wav` at the pinned
 - audio whose peak exceeds 1 is divided by its peak; sentences are separated by `pause_s` of silence.
 Differences, on purpose: sentences are cut by `TextFrontend.cut` (upstream's TTS.py pre-segmentation
 rules), the pause is put *between* sentences (upstream also appends one after the last), and each
-sentence edge next to a pause gets a 5 ms fade so a sentence that ends mid-wave does not click.
+sentence edge next to a pause gets a 5 ms fade so a sentence that ends mid-wave does not click; and the
+CFM solves each chunk right-padded to a multiple of 64 frames, masked (`solve_bucketed`: equal up to float
+rounding), so sentences of every length reach cuDNN at the streamed CFM graphs' few shapes.
 
 Every fast path (issue 4: static KV, graphs, sub-sentence streaming) is held to this one.
 """
@@ -34,6 +36,7 @@ from voicehub.errors import InvalidTextError
 from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.cfm.solver import solve_bucketed
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.reference import (
     ReferenceAudio,
@@ -290,7 +293,7 @@ class Pipeline:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         mel = decode_mel(
             self.sovits, ref.acoustic, result.tokens[None, None], phones, int(params.sample_steps),
-            speed=float(params.speed), generator=generator,
+            speed=float(params.speed), generator=generator, solver=solve_bucketed,
         )  # fmt: skip
         audio = vocode(self.vocoder, mel)[0].float()  # [n]
         peak = audio.abs().max()

@@ -6,14 +6,22 @@ guidance off, as every v3 inference path calls it): the prompt frames are zero i
 first step and after every step, the text embedding is computed once and the step-size
 embedding once per distinct step size. The step sizes come from the estimator's schedule
 (cfm/schedule.py): upstream's equal steps unless an optimization changed it.
+
+`solve_bucketed` is `solve` right-padded to a multiple of FRAME_BUCKET frames and masked: cuDNN builds
+its convolution and attention plans per input shape (a DiT forward at a never-seen length cost the H200
+~200 ms more than at a seen one, benchmarks/results/dit_length_probe_h200.json), so eager solves of
+every length reach it at a few shapes, those of the streamed path's CFM graphs (acoustic_graphs.py).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.schedule import BlockReuse
+
+FRAME_BUCKET = 64  # frames: bucketed solves pad to a multiple (acoustic_graphs' CFM_FRAME_BUCKET)
 
 
 def euler_step(
@@ -61,6 +69,36 @@ def solve(
     keep = torch.ones(1, 1, n, device=noise.device, dtype=noise.dtype)
     keep[..., :p] = 0
     return solve_padded(estimator, mu, prompt_x, keep, noise, n_steps, mask)
+
+
+def padded_frames(n_frames: int, bucket: int = FRAME_BUCKET) -> int:
+    """The frame bucket of an n_frames solve: the next multiple of `bucket` (no largest bucket)."""
+    return -(-n_frames // bucket) * bucket
+
+
+def solve_bucketed(
+    estimator: DiT,
+    mu: torch.Tensor,
+    prompt: torch.Tensor,
+    noise: torch.Tensor,
+    n_steps: int,
+    bucket: int = FRAME_BUCKET,
+) -> torch.Tensor:
+    """`solve` (same arguments, same result up to float rounding) run at `padded_frames(N)` frames: mu
+    and noise are right-padded with zeros, and the mask keeps the padding out of every valid frame
+    (cfm/dit.py). The caller draws the noise at N frames, so a seed gives `solve`'s draws. The mask is
+    passed even when N is a bucket multiple, so every call takes the masked kernels, as the graphs do.
+    Returns [B, mel, N]."""
+    # mu: [B, N, text_dim]; prompt: [B, mel, P] with P < N; noise: [B, mel, N]
+    b, n, p = noise.shape[0], noise.shape[-1], prompt.shape[-1]
+    width = padded_frames(n, bucket)
+    prompt_x = noise.new_zeros(b, noise.shape[1], width)
+    prompt_x[..., :p] = prompt[..., :p]
+    keep = noise.new_zeros(1, 1, width)
+    keep[..., p:n] = 1
+    mask = (torch.arange(width, device=noise.device) < n).repeat(b, 1)  # [B, width]
+    mu, noise = F.pad(mu, (0, 0, 0, width - n)), F.pad(noise, (0, width - n))
+    return solve_padded(estimator, mu, prompt_x, keep, noise, n_steps, mask)[..., :n]
 
 
 def solve_padded(

@@ -9,6 +9,7 @@ samples at 24 kHz (speed 1.0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,11 +66,14 @@ def decode_mel(
     sample_steps: int,
     speed: float = 1.0,
     generator: torch.Generator | None = None,
+    solver: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Semantic tokens [1, 1, T] (or [1, T]) + phoneme ids [1, P] -> log-mel [1, 100, L].
 
     L = floor(3.75 * T) at speed 1.0. The CFM noise is drawn per chunk from `generator`
-    (the global RNG when None), in the model's dtype, as upstream draws it.
+    (the global RNG when None), in the model's dtype, as upstream draws it. solver: what solves each
+    chunk, with `cfm.solver.solve`'s signature (None: `solve` itself, at the chunk's own frame count,
+    as upstream; the pipeline passes `solve_bucketed`, which equals it up to float rounding).
     """
     if speed <= 0:
         raise ValueError(f"speed must be > 0, got {speed}")
@@ -81,13 +85,14 @@ def decode_mel(
         raise ValueError("the reference prompt is empty; the reference audio must be 3-10 s long")
     chunk_len = T_CHUNK - t_min
     estimator = model.cfm.estimator
+    solver = solve if solver is None else solver  # looked up per call: tests and profilers wrap it
     out = []
     for start in range(0, fea_todo.shape[2], chunk_len):
         chunk = fea_todo[:, :, start : start + chunk_len]
         mu = torch.cat([fea_ref, chunk], dim=2).transpose(1, 2)  # [1, N, inter2]
         noise = torch.randn(mu.shape[0], estimator.proj_out.out_features, mu.shape[1], generator=generator,
                             device=mu.device, dtype=mu.dtype)  # fmt: skip
-        mel = solve(estimator, mu, mel_ref, noise, sample_steps)[:, :, mel_ref.shape[2] :]
+        mel = solver(estimator, mu, mel_ref, noise, sample_steps)[:, :, mel_ref.shape[2] :]
         # The next chunk is prompted by this one's tail, as upstream does.
         mel_ref, fea_ref = mel[:, :, -t_min:], chunk[:, :, -t_min:]
         out.append(mel)

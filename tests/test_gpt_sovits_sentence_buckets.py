@@ -1,0 +1,142 @@
+"""The per-sentence path's CFM at frame buckets (cfm/solver.py `solve_bucketed`) on tiny files, CPU fp32.
+
+cuDNN builds plans per input shape, so a sentence of a never-seen length paid ~200 ms per DiT shape on
+the H200. Bucketed, every chunk is right-padded to a multiple of FRAME_BUCKET frames and masked: the mel
+equals the unpadded solve's up to float rounding, the noise draws are the same, and the DiT sees at most
+one shape per bucket, the streamed path's CFM graph shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+
+from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits.acoustic_graphs import CFM_FRAME_BUCKET, cfm_frame_buckets
+from voicehub.models.gpt_sovits.cfm.solver import FRAME_BUCKET, padded_frames, solve, solve_bucketed
+from voicehub.models.gpt_sovits.params import GptSovitsParams
+from voicehub.models.gpt_sovits.sovits import (
+    decode_mel,
+    encode_reference,
+    load_sovits_v3,
+    make_sovits_checkpoint,
+)
+from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK
+from voicehub.runtime.kv_cache import pick_bucket
+from voicehub.text.options import Language
+
+RTOL = 1e-5  # max abs difference over the mel's largest magnitude (fp32: masked sums reorder a little)
+PROMPT_TOKENS = 40  # the reference: floor(3.75 * 40) = 150 prompt frames
+
+
+@pytest.fixture(scope="module")
+def sovits(tmp_path_factory):
+    d = tmp_path_factory.mktemp("buckets")
+    return load_sovits_v3(make_sovits_checkpoint(d / "s2Gv3.pth", "tiny", seed=0))
+
+
+@pytest.fixture(scope="module")
+def prompt(sovits):
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, sovits.arch.n_bins, (1, 1, PROMPT_TOKENS), generator=g)
+    phones = torch.randint(1, sovits.arch.n_symbols, (1, 18), generator=g)
+    spec = torch.rand(1, 1025, 60, generator=g)
+    mel = torch.randn(1, 100, int(PROMPT_TOKENS * 3.75) + 3, generator=g) - 6
+    return encode_reference(sovits, codes, phones, spec, mel)
+
+
+def _target(sovits, n_tokens: int):
+    g = torch.Generator().manual_seed(n_tokens)
+    codes = torch.randint(0, sovits.arch.n_bins, (1, 1, n_tokens), generator=g)
+    return codes, torch.randint(1, sovits.arch.n_symbols, (1, 25), generator=g)
+
+
+def _mel(sovits, prompt, n_tokens: int, solver, steps: int = 2) -> torch.Tensor:
+    codes, phones = _target(sovits, n_tokens)
+    gen = torch.Generator().manual_seed(5)
+    return decode_mel(sovits, prompt, codes, phones, steps, generator=gen, solver=solver)
+
+
+def _dit_frames(estimator) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
+    """Frame counts of every DiT forward (x: [B, N, mel]) and of every text embedding, via hooks."""
+    seen: list[int] = []
+    hooks = [
+        estimator.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[1])),
+        estimator.text_embed.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[1])),
+    ]
+    return seen, hooks
+
+
+# 13, 21, 50 tokens: one chunk of 198, 228, 337 frames; 300: two chunks (934 and 491 frames, the
+# second prompted by the first's output), none a bucket multiple.
+@pytest.mark.parametrize("n_tokens", [13, 21, 50, 300])
+def test_bucketed_mel_equals_the_unpadded_solve(sovits, prompt, n_tokens):
+    exact = _mel(sovits, prompt, n_tokens, solve)
+    bucketed = _mel(sovits, prompt, n_tokens, solve_bucketed)
+    assert bucketed.shape == exact.shape == (1, 100, int(n_tokens * 3.75))
+    diff = (bucketed - exact).abs().max() / exact.abs().max()
+    assert diff < RTOL, f"{n_tokens} tokens: max abs diff {diff:.2e} of the mel's scale"
+
+
+def test_dit_shapes_are_bounded_by_the_buckets(sovits, prompt):
+    lengths = [5, 9, 17, 23, 31, 47, 61, 77, 90, 111, 140, 170]  # 150 prompt + 18 .. 637 frames
+    est = sovits.cfm.estimator
+    frames = {}
+    for name, solver in (("exact", solve), ("bucketed", solve_bucketed)):
+        seen, hooks = _dit_frames(est)
+        try:
+            for n in lengths:
+                _mel(sovits, prompt, n, solver, steps=1)
+        finally:
+            for h in hooks:
+                h.remove()
+        frames[name] = set(seen)
+    # The hooks see every length unpadded (so they would see a leak), and only bucket shapes bucketed.
+    assert len(frames["exact"]) == len(lengths)
+    assert frames["bucketed"] <= set(cfm_frame_buckets())
+    spanned = {padded_frames(PROMPT_TOKENS * 15 // 4 + n * 15 // 4) for n in lengths}
+    assert frames["bucketed"] == spanned and len(spanned) < len(lengths)
+
+
+def test_buckets_are_the_streamed_graphs_buckets():
+    assert FRAME_BUCKET == CFM_FRAME_BUCKET
+    buckets = cfm_frame_buckets()
+    assert all(padded_frames(n) == pick_bucket(n, buckets) for n in range(1, T_CHUNK + 1))
+
+
+def test_rows_and_frames_past_the_largest_bucket(sovits):
+    """Two rows of 1000 frames (past the graphs' 960): a multiple of the bucket all the same."""
+    est = sovits.cfm.estimator
+    g = torch.Generator().manual_seed(3)
+    n, p = 1000, 100
+    mu = torch.randn(2, n, est.text_embed.freqs_cis.shape[1], generator=g)
+    prompt = torch.randn(2, sovits.arch.mel_dim, p, generator=g)
+    noise = torch.randn(2, sovits.arch.mel_dim, n, generator=g)
+    seen, hooks = _dit_frames(est)
+    try:
+        with torch.no_grad():
+            out = solve_bucketed(est, mu, prompt, noise, 2)
+    finally:
+        for h in hooks:
+            h.remove()
+    with torch.no_grad():
+        want = solve(est, mu, prompt, noise, 2)
+    assert set(seen) == {1024}
+    assert out.shape == want.shape and torch.count_nonzero(out[..., :p]) == 0
+    assert (out - want).abs().max() / want.abs().max() < RTOL
+
+
+def test_the_pipeline_solves_sentences_at_buckets(tiny_set, reference_wav):  # noqa: F811
+    pipe = load(tiny_set).pipeline
+    ref = pipe.reference(Voice(reference_wav, REFERENCE_TEXT, "en"))
+    sentence = pipe.text_features("A short test sentence.", Language.EN)
+    seen, hooks = _dit_frames(pipe.sovits.cfm.estimator)
+    try:
+        for n in (5, 9):
+            params = GptSovitsParams.build("balanced", speed=1.0, force_n_tokens=n, sample_steps=1)
+            pipe.synthesize_sentence(ref, sentence, params, seed=0)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen and all(f % FRAME_BUCKET == 0 for f in seen), sorted(set(seen))
