@@ -103,8 +103,10 @@ class StreamEngine:
         # the batched encoder's graphs: the engine's own (CUDA with a capturing preset, as the acoustic graphs)
         self.encoder_graphs: EncoderRowGraphs | None = None
         if pipeline.acoustic_graphs is not None:
-            # captured when the engine starts only: a capture mid-round stalled every stream (H200, level 16)
-            self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device, capture_on_use=False)
+            # full/minimal: captured when the engine starts only (a capture mid-round stalled every stream,
+            # H200 level 16); lazy: each on first use
+            on_use = pipeline.acoustic_graphs.preset is GraphPreset.LAZY
+            self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device, capture_on_use=on_use)
         t0 = time.perf_counter()
         self.vocoder_graphs_at_start = self._capture_vocoder_graphs()
         self.encoder_graphs_at_start = self._capture_encoder_graphs()
@@ -138,9 +140,11 @@ class StreamEngine:
 
     def encoder_start_keys(self) -> list[RowEncoderKey]:
         """(rows, tokens, phonemes, speed) encoder graphs the engine captures when it starts, with the
-        model's graph preset `full` (see ENGINE_ENCODER_LOAD_WINDOWS); else none (each on first use)."""
+        model's graph preset `full` or `minimal` (see ENGINE_ENCODER_LOAD_WINDOWS; other shapes then run
+        eagerly, 'not_captured'); else none (`lazy`: each on first use)."""
         graphs, config = self.encoder_graphs, self.config
-        if graphs is None or self.pipeline.acoustic_graphs.preset is not GraphPreset.FULL:
+        preset = None if graphs is None else self.pipeline.acoustic_graphs.preset
+        if preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
             return []
         most = pick_bucket(min(config.max_cfm_batch, config.max_encoder_batch, graphs.row_buckets[-1]),
                            graphs.row_buckets)  # fmt: skip
