@@ -123,6 +123,9 @@ def compile_targets(model: GptSovitsModel) -> list[CompileTarget]:
         text = torch.zeros(1, text_dim, WARMUP_FRAMES, device=dev, dtype=dtype).transpose(1, 2)
         t, d_emb = torch.zeros(1, device=dev, dtype=dtype), torch.zeros(1, dim, device=dev, dtype=dtype)
         est(x, torch.zeros_like(x), text, t, d_emb)  # two tensors: guards also check aliasing
+        # and masked, as the graphs, the batches and the per-sentence path's bucketed solves call it
+        mask = torch.ones(1, WARMUP_FRAMES, device=dev, dtype=torch.bool)
+        est(x, torch.zeros_like(x), text, t, d_emb, mask)
 
     blocks = list(est.transformer_blocks)
     # Compiling is lazy: the last target's warm-up runs every block, compiling the first and
