@@ -174,3 +174,22 @@ def test_an_engine_failure_at_admission_fails_that_call_only():
         with pytest.raises(RuntimeError, match="device lost"):
             handle.result(timeout=0)
     assert engine.left == {} and sched.is_idle
+
+
+def test_a_step_failure_finishes_every_stream_even_if_releasing_fails_too(caplog):
+    class Broken(ScriptedEngine):
+        def step(self, n_rows):
+            raise RuntimeError("device lost")
+
+        def release(self, row):
+            raise RuntimeError("release failed")
+
+    sched = ContinuousScheduler(Broken())
+    handles = [sched.submit(5) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="device lost"):
+        sched.pump()
+    for handle in handles:  # no client left waiting; the step's error, not the release's
+        with pytest.raises(RuntimeError, match="device lost"):
+            handle.result(timeout=0)
+    assert sched.n_active == 0
+    assert "releasing row 0 after the engine failed" in caplog.text

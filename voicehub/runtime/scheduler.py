@@ -22,6 +22,7 @@ GPU worker: `start()` runs it in a daemon thread until `stop()`, or a caller pum
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
@@ -32,6 +33,8 @@ from typing import Any, Protocol
 from voicehub.errors import VoiceHubError
 from voicehub.runtime.kv_cache import pick_bucket
 from voicehub.runtime.round_loop import RoundLoop
+
+log = logging.getLogger("voicehub.runtime.scheduler")
 
 
 class QueueFullError(VoiceHubError, RuntimeError):
@@ -199,9 +202,14 @@ class ContinuousScheduler:
                 self._collect(*self._pending.popleft())
         except BaseException as error:  # every live stream learns of the engine failure
             self._pending.clear()
-            for row in list(self._rows):
+            rows = list(self._rows)
+            for row in rows:  # first: a release that fails too must not leave a client waiting
                 self._rows.pop(row)._finish(error=error)
-                self.engine.release(row)
+            for row in rows:
+                try:
+                    self.engine.release(row)
+                except Exception:  # the engine's first error is the one raised; this one is logged
+                    log.exception("releasing row %d after the engine failed", row)
             raise
         return not self.is_idle
 
