@@ -223,7 +223,9 @@ class T2SRowEngine(T2SStaticDecoder):
 
     @torch.inference_mode()
     def snapshot(self, rows: list[int]) -> RowSnapshot:
-        """Gather each row's new tokens and stop state on the device and start the copy to the host."""
+        """Gather each row's new tokens and stop state on the device and start the copy to the host.
+        `rows` must hold every row still decoding (the device's read mark moves for every row below the
+        highest one, so a live row left out would lose its tokens); only finished rows may be left out."""
         recs = [(r, self._rows[r]) for r in rows]
         width = max((1 + rec.n_stepped - rec.n_snapped for _, rec in recs), default=0)
         n, st = max(rows, default=-1) + 1, self.state
