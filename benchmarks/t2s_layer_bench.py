@@ -92,7 +92,11 @@ MMA_SWEEP = (  # the many-row stack's config, one field at a time around the tab
 # the H200 sweep (benchmarks/results/t2s_layer_sweep_h200.json); the GEMMs' split-K first (new: the
 # rest was tuned by the last grid), then the attention fields (they recompile one kernel), then the GEMMs'
 # (prenorm, new in this grid, first of all: the norms once per row block changes what the splits cost)
+# The fused FFN (ffn_slices > 0: one kernel for ffn1 + ffn2, new) first: its slices, then its chunk width
+# (ffn_chunk has no effect while ffn_slices is 0: those two configs time the same kernels)
 MMA_GRID = {
+    "ffn_slices": (0, 4, 8, 16, 32),
+    "ffn_chunk": (16, 32, 64),
     "prenorm": (False, True),
     "ffn2_splits": (1, 2, 4, 8),
     "qkv_splits": (1, 2, 4),

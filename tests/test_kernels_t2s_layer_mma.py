@@ -42,6 +42,10 @@ BLOCKS = {"block_m": 16, "block_n": 16, "block_k": 16, "ffn_block": 32, "attn_bl
 # split-K in every GEMM: qkv and out-proj (K 32: 2 chunks) one chunk a split, ffn1 two empty splits of
 # four, ffn2 (K 128: 8 chunks) two chunks a split
 SPLITS = {"qkv_splits": 2, "out_splits": 2, "ffn1_splits": 4, "ffn2_splits": 4}
+# the fused FFN (`t2s_ffn_fused_triton`): ffn_dim 128 in 4 slices of two 16-unit chunks, or in 8 slices
+# of one 32-unit chunk (slices 4-7 empty: they add 0), or whole (one slice: no partials, no counter)
+FUSED = {0: {}, 1: {"ffn_slices": 1, "ffn_chunk": 16}, 4: {"ffn_slices": 4, "ffn_chunk": 16},
+         8: {"ffn_slices": 8, "ffn_chunk": 32}}  # fmt: skip
 # 18 rows: two row blocks; lengths at the bucket's end, empty, mid-block and on block edges
 LENGTHS = [71, 0, 33, 45, 5, 16, 15, 17, 1, 2, 64, 47, 48, 31, 32, 60, 9, 70]
 
@@ -64,19 +68,24 @@ def mk():
 
 # attn_tiles: 1 (a program per 16-slot block, merged), 2 (two tiles per program, online softmax,
 # merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge); split: SPLITS;
-# prenorm: the norms computed once per row block by out-proj / ffn2 (`t2s_layer_mma_prenorm_triton`)
-@pytest.mark.parametrize(("dtype", "tiles", "split", "prenorm"),
-                         [(torch.float32, 1, False, False), (torch.float16, 1, False, False),
-                          (torch.float32, 2, False, False), (torch.float16, 8, False, False),
-                          (torch.float32, 2, True, False), (torch.float16, 8, True, False),
-                          (torch.float16, 1, False, True), (torch.float32, 2, True, True)])  # fmt: skip
-def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split, prenorm):
+# prenorm: the norms computed once per row block by out-proj / ffn2 (`t2s_layer_mma_prenorm_triton`);
+# fused: FUSED's key
+@pytest.mark.parametrize(("dtype", "tiles", "split", "prenorm", "fused"),
+                         [(torch.float32, 1, False, False, 0), (torch.float16, 1, False, False, 0),
+                          (torch.float32, 2, False, False, 0), (torch.float16, 8, False, False, 0),
+                          (torch.float32, 2, True, False, 0), (torch.float16, 8, True, False, 0),
+                          (torch.float16, 1, False, True, 0), (torch.float32, 2, True, True, 0),
+                          (torch.float32, 2, True, False, 4), (torch.float16, 8, False, False, 8),
+                          (torch.float32, 8, False, False, 1), (torch.float16, 2, True, True, 4)])  # fmt: skip
+def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split, prenorm, fused):
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
     k_want, v_want = as_float(k), as_float(v)
     want = ref.decode_stack_reference(
         x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
     )
-    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}))
+    cfg = mk.MmaConfig(
+        **BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}), **FUSED[fused]
+    )
     got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=cfg)
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
     assert got.dtype == dtype and rel_l2(got, want) <= tol
@@ -84,13 +93,15 @@ def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split,
     assert not got.isnan().any()
 
 
-@pytest.mark.parametrize(("tiles", "split", "prenorm"),
-                         [(1, False, False), (2, False, False), (8, False, False), (2, True, False),
-                          (1, False, True), (2, True, True)])  # fmt: skip
-def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split, prenorm):
+@pytest.mark.parametrize(("tiles", "split", "prenorm", "fused"),
+                         [(1, False, False, 0), (2, False, False, 0), (8, False, False, 0), (2, True, False, 0),
+                          (1, False, True, 0), (2, True, True, 0), (2, True, False, 4), (8, False, True, 8)])  # fmt: skip
+def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split, prenorm, fused):
     # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
     # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
-    cfg = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}))
+    cfg = mk.MmaConfig(
+        **BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}), **FUSED[fused]
+    )
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
     five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
     big = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg)
@@ -156,6 +167,48 @@ def test_prenorm_out_proj_stores_ln1_once_per_row_block_as_ffn1_would(mk, splits
     assert rel_l2(got, want) <= FP32_TOL
 
 
+@pytest.mark.parametrize(("slices", "prenorm"), [(1, False), (4, False), (8, False), (4, True)])
+def test_fused_ffn_equals_ffn1_then_ffn2_and_sums_its_slices_in_order(mk, slices, prenorm):
+    # one fused kernel leaves s.out_ffn as ffn1 + ffn2 do (fp32, within the tolerance: other sum orders),
+    # x_ffn (LN1, the residual) bitwise as ffn1 keeps it, and with prenorm x_attn (LN2) as ffn2 stores
+    # it; every row of both row blocks, the counters back at 0; twice on one scratch (they reset)
+    x, w, k, _, _ = stack_inputs(18, torch.float32, LENGTHS)
+    layer, g = w.layers[0], torch.Generator().manual_seed(7)
+    off = mk.MmaConfig(**BLOCKS, prenorm=prenorm)
+    on = mk.MmaConfig(**BLOCKS, prenorm=prenorm, **FUSED[slices])
+    s = mk.Scratch.allocate(18, w, k.shape[3], on)
+    for t in (s.out_attn, s.x_attn, s.x_ffn):
+        t.copy_(torch.randn(t.shape, generator=g))
+    want_s = mk.Scratch.allocate(18, w, k.shape[3], off)
+    for name in ("out_attn", "x_attn", "x_ffn"):
+        getattr(want_s, name).copy_(getattr(s, name))
+    mk.ffn1_stage(want_s, layer, w.eps, off)
+    mk.ffn2_stage(want_s, layer, w.eps, off)
+    assert s.h.shape[0] == 1  # no hidden units between kernels
+    outs = []
+    for _ in range(2):
+        s.out_ffn.fill_(float("nan"))
+        if prenorm:
+            s.x_attn.fill_(float("nan"))
+        mk.ffn1_stage(s, layer, w.eps, on)
+        mk.ffn2_stage(s, layer, w.eps, on)  # nothing: the fused ffn1_stage ran the whole FFN
+        outs.append(s.out_ffn.clone())
+        # (the counters unused, one slice or no prenorm, are unzeroed placeholders)
+        assert (slices == 1 or not s.gemm_count.any()) and (not prenorm or not s.row_count.any())
+    assert rel_l2(outs[0], want_s.out_ffn) <= FP32_TOL and torch.equal(outs[0], outs[1])
+    assert torch.equal(s.x_ffn, want_s.x_ffn)
+    if prenorm:
+        assert rel_l2(s.x_attn, want_s.x_attn) <= FP32_TOL
+    if slices > 1:  # the slices' fixed-order sum, from the partials the kernel left behind
+        part = s.gemm_part[: 2 * slices * 16 * SHAPE["dim"]].view(2, slices, 16, SHAPE["dim"])
+        summed = part[:, 0].clone()
+        for i in range(1, slices):
+            summed += part[:, i]
+        assert torch.equal(summed.reshape(32, SHAPE["dim"])[:18], outs[0])
+        if slices == 8:  # ffn_dim 128 in 32-unit chunks: slices 4-7 own no hidden units
+            assert not part[:, 4:].any()
+
+
 def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
     x, w, k, v, lengths = stack_inputs(3, torch.float32, LENGTHS[:3])
     want = ref.decode_stack_reference(
@@ -180,6 +233,10 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(block_m=8)
     with pytest.raises(ValueError, match="power of two"):
         mk.MmaConfig(ffn2_splits=3)
+    with pytest.raises(ValueError, match="power of two"):
+        mk.MmaConfig(ffn_slices=3)
+    with pytest.raises(ValueError, match="smallest tile"):
+        mk.MmaConfig(ffn_slices=4, ffn_chunk=8)
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
 
 
@@ -258,15 +315,18 @@ FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 @pytest.mark.gpu
 # the table's config (through the registry), one attention program per (row, head) over the whole
 # cache (128-slot tiles x 8: no merge) for fp16, and split-K in every GEMM (fp16, fp32); prenorm: the
-# norms once per row block (out-proj / ffn2), whole K and split
+# norms once per row block (out-proj / ffn2), whole K and split; fused: the FFN in one kernel, that many
+# slices (ffn_chunk 32 for fp16, 16 for fp32: its two weight chunks a pipeline stage in shared memory)
 @pytest.mark.parametrize(
-    ("dtype", "attn_tiles", "split", "prenorm"),
-    [(torch.float16, None, False, False), (torch.float32, None, False, False), (torch.float16, 8, False, False),
-     (torch.float16, 8, True, False), (torch.float32, 8, True, False), (torch.float16, 8, False, True),
-     (torch.float16, 8, True, True), (torch.float32, 8, True, True)],
+    ("dtype", "attn_tiles", "split", "prenorm", "fused"),
+    [(torch.float16, None, False, False, 0), (torch.float32, None, False, False, 0),
+     (torch.float16, 8, False, False, 0), (torch.float16, 8, True, False, 0), (torch.float32, 8, True, False, 0),
+     (torch.float16, 8, False, True, 0), (torch.float16, 8, True, True, 0), (torch.float32, 8, True, True, 0),
+     (torch.float16, 8, True, False, 8), (torch.float16, 8, False, True, 4), (torch.float16, 8, False, False, 1),
+     (torch.float32, 8, True, False, 16)],
 )  # fmt: skip
 def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(
-    dtype, attn_tiles, split, prenorm
+    dtype, attn_tiles, split, prenorm, fused
 ):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -275,6 +335,8 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
         mk = importlib.import_module(MODULE)
         # split: ffn2 (K 2048) 8 splits of two 128-chunks, qkv / out / ffn1 (K 512) 2, 4 and 8 of 4, 1, 1 chunks
         splits = {"qkv_splits": 2, "out_splits": 4, "ffn1_splits": 4, "ffn2_splits": 8} if split else {}
+        if fused:
+            splits.update(ffn_slices=fused, ffn_chunk=32 if dtype == torch.float16 else 16)
         stack = functools.partial(mk.decode_stack_mma, config=mk.MmaConfig(block_k=128, attn_block=128,
                                                                            attn_tiles=attn_tiles, prenorm=prenorm,
                                                                            **splits))  # fmt: skip

@@ -14,7 +14,8 @@ re-reads every weight tile per row group. Here each GEMM program multiplies BLOC
   out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K, or
              with out_splits > 1 a fixed part of K, summed in split order by the last to finish);
   ffn1       LN1(x + out + b_o) @ W1^T + b1, relu, stored in the model dtype (as torch rounds it);
-  ffn2       h @ W2^T, stored as fp32: the next layer's qkv (or the head) adds b2 and normalises.
+  ffn2       h @ W2^T, stored as fp32: the next layer's qkv (or the head) adds b2 and normalises;
+             with ffn_slices, ffn1 and ffn2 are one kernel (`t2s_ffn_fused_triton`): four a layer.
 No sum crosses programs but the attention merge, so nothing waits on float atomics and nothing is
 summed in an order that depends on the batch. A row's numbers do not depend on the other rows, the
 batch size or the KV bucket: every block size is fixed per model shape (`config_for`), rows past
@@ -34,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     _keeps,
@@ -86,12 +88,19 @@ class MmaConfig:
     # out-proj / ffn2 normalise the rows once per row block for ffn1 / qkv / the head (plain GEMMs then):
     # `t2s_layer_mma_prenorm_triton`
     prenorm: bool = False
+    # 0: ffn1 and ffn2 as two kernels; n >= 1: one kernel (`t2s_ffn_fused_triton`), a program per (row block,
+    # slice of ffn_dim / n hidden units) walking its slice ffn_chunk units at a time, the n partials of
+    # a row block summed in slice order by the last to finish
+    ffn_slices: int = 0
+    ffn_chunk: int = 32
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if name not in ("pdl", "gemm_stages", "prenorm") and (value < 1 or value & (value - 1)):
+            if name in ("pdl", "gemm_stages", "prenorm") or (name == "ffn_slices" and value == 0):
+                continue
+            if value < 1 or value & (value - 1):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
-        for name in ("block_m", "block_n", "block_k", "ffn_block"):
+        for name in ("block_m", "block_n", "block_k", "ffn_block", "ffn_chunk"):
             if getattr(self, name) < MIN_DOT:
                 raise ValueError(f"MmaConfig.{name} must be >= {MIN_DOT} (tl.dot's smallest tile)")
 
@@ -414,9 +423,10 @@ def _head_kernel(
 class Scratch:
     """Buffers the kernels hand to each other, [B, D] unless noted: q, x_attn (a layer's input),
     x_ffn (LN1's output), attn (merged heads), model dtype; out_attn, out_ffn (bias-free linear
-    outputs, fp32); h [B, F] (the FFN's hidden units); count [B, H] int32; the attention blocks'
+    outputs, fp32); h [B, F] (the FFN's hidden units; [1, F], unused, with ffn_slices); count [B, H] int32; the attention blocks'
     partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32); the split GEMMs' partials
-    gemm_part (fp32) and their per-tile counters gemm_count (int32, zero between kernels); with
+    gemm_part (fp32; also the fused FFN's slice partials) and their per-tile counters gemm_count (int32,
+    zero between kernels); with
     prenorm, row_count: int32 per row block (zero between kernels), the out-proj / ffn2 normalisers'."""
 
     q: torch.Tensor
@@ -441,9 +451,13 @@ class Scratch:
         ffn_dim = weights.layers[0].ffn1_weight.shape[0]
         xs = torch.empty(4, n_rows, dim, device=dev, dtype=dtype)
         outs = torch.empty(2, n_rows, dim, device=dev, dtype=torch.float32)
-        h = torch.empty(n_rows, ffn_dim, device=dev, dtype=dtype)
-        gemms = [(3 * dim, cfg.block_n, cfg.qkv_splits), (dim, cfg.block_n, cfg.out_splits),
-                 (ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]  # fmt: skip
+        # fused FFN: no h between its GEMMs (a one-row placeholder), its partials one tile a row block
+        h = torch.empty(1 if cfg.ffn_slices else n_rows, ffn_dim, device=dev, dtype=dtype)
+        gemms = [(3 * dim, cfg.block_n, cfg.qkv_splits), (dim, cfg.block_n, cfg.out_splits)]
+        if cfg.ffn_slices:
+            gemms.append(fused_scratch_gemm(dim, cfg.ffn_slices))
+        else:
+            gemms += [(ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]
         return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)),
                    *split_scratch(n_rows, cfg.block_m, gemms, dev),
                    row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev))  # fmt: skip
@@ -522,14 +536,20 @@ def out_proj_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) 
 
 def ffn2_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """s.h @ W2^T -> s.out_ffn (fp32, bias-free); cfg.prenorm: LN2(s.x_ffn + that + b2) -> s.x_attn (the
-    next layer's input, or the head's)."""
+    next layer's input, or the head's). cfg.ffn_slices: nothing (ffn1_stage ran the whole FFN)."""
+    if cfg.ffn_slices:
+        return
     norm = (s.x_ffn, layer.ffn2_bias, layer.norm2_weight, layer.norm2_bias, s.x_attn) if cfg.prenorm else None
     linear_stage(s, s.h, layer.ffn2_weight, s.out_ffn, cfg.ffn2_splits, cfg, norm, eps)
 
 
 def ffn1_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """x1 = LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn; relu(x1 W1^T + b1) -> s.h (cfg.prenorm: x1 read
-    from s.x_ffn, where the out-proj stored it)."""
+    from s.x_ffn, where the out-proj stored it). cfg.ffn_slices: the whole FFN in one kernel, s.out_ffn
+    as ffn2_stage leaves it (`t2s_ffn_fused_triton`; s.h unused)."""
+    if cfg.ffn_slices:
+        ffn_fused_stage(s, layer, eps, cfg)
+        return
     n_rows, dim = s.q.shape
     ffn_dim = s.h.shape[1]
     _ffn1_kernel[(triton.cdiv(ffn_dim, cfg.ffn_block), triton.cdiv(n_rows, cfg.block_m), cfg.ffn1_splits)](
