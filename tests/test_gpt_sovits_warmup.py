@@ -143,3 +143,20 @@ def test_a_cuda_load_syncs_its_own_device_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     _sync_if_initialized(torch.device("cuda:1"))
     assert synced == [torch.device("cuda:1")]
+
+
+def test_a_failed_warm_up_leaves_no_pipeline_and_the_next_use_loads_again(tiny_set, reference_wav, tmp_path):  # noqa: F811
+    from voicehub.optimization.config import TTSOptimizationConfig
+    from voicehub.optimization.mixin import PENDING_ATTR, apply_load_time_config
+
+    ref = tmp_path / "ref.wav"
+    ref.write_bytes(b"not audio")  # the default voice's reference cannot be read at load
+    model = load(tiny_set, lazy_load=True, default_voice=Voice(ref, REFERENCE_TEXT, "en"))
+    apply_load_time_config(model, TTSOptimizationConfig(kernel_backend="torch"))
+    with pytest.raises(Exception, match="ref.wav"):
+        model.load_runtime()
+    assert model._pipeline is None  # not a loaded-but-never-warmed pipeline for the next use
+    assert model.optimization_result is None and getattr(model, PENDING_ATTR) is not None
+    ref.write_bytes(reference_wav.read_bytes())
+    model.load_runtime()  # loads again, applies the config, warms the voice up
+    assert model.warm_up_info["load"]["reference"] and model.optimization_result is not None

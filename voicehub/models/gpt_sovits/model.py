@@ -35,6 +35,7 @@ from voicehub.models.gpt_sovits.warmup import (
 )
 from voicehub.optimization.apply import OptimizationResult
 from voicehub.optimization.config import OptimizationContext, TTSOptimizationConfig
+from voicehub.optimization.mixin import PENDING_ATTR
 from voicehub.runtime.cuda_graphs import GraphPreset
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.limits import check_text
@@ -271,6 +272,7 @@ class GptSovitsModel(TTSModel):
     def _load_with_text_thread(
         self, timeline: LoadTimeline, voice: Voice | None, runtime_jobs: list[Future]
     ) -> None:
+        pending = getattr(self, PENDING_ATTR, None)  # a load-time config, applied by _load_pipeline
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-text-warm-up") as pool:
             text = pool.submit(warm_text, self.frontend, *voice_languages(voice), timeline)
             # One worker: this runs after warm_text, so text.result() is there without waiting.
@@ -286,8 +288,21 @@ class GptSovitsModel(TTSModel):
                 # Dropped if it has not started; once running (it starts ~0.3 s into the load, so
                 # usually), leaving the pool waits for it (~3 s) before the error propagates.
                 deferred.cancel()
+                self._drop_failed_pipeline(pending)
                 raise
         self.warm_up_info = {"load": {**warmed, **timeline.info()}}
+
+    def _drop_failed_pipeline(self, pending: Any) -> None:
+        """A load that fails after its pipeline was set (warm-up, a runtime-thread job) leaves nothing
+        half-done: the optimization it applied is undone and pending again, and the next use loads anew."""
+        if self._pipeline is None:
+            return
+        try:
+            if self.optimization_result is not None:
+                self.restore_tts_optimization()
+        finally:
+            self._pipeline = None
+            setattr(self, PENDING_ATTR, pending)
 
     def _load_pipeline(self, timeline: LoadTimeline, text: Future) -> dict[str, Any]:
         """Weights, the frontend from the text thread, a load-time optimization, the T2S graphs; returns
