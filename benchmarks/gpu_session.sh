@@ -73,9 +73,9 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # the per-sentence path's new-length cost with the fused DiT ops: eager DiT forwards at new lengths
     ditprobe) step dit-probe 150 python3 benchmarks/dit_length_probe.py --out "$OUT/dit_length_probe_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
-    rowstests) step rows-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
-    mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-220}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
-        --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-150}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
+    rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
+    mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
+        --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-240}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 2 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
