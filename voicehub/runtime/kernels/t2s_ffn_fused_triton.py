@@ -24,18 +24,8 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _norm_rows_if_last, _normed, _row_stats
-from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _split_is_last, _split_sum, k_span
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, _split_is_last, _split_sum, k_span
 from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    # fp32 operands (tests, fp32 models) in full precision, not TF32; fp16 ones on the tensor cores
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.jit
@@ -55,10 +45,10 @@ def _chunk_step(
 ):
     # acc += relu(rnd(x1 @ w1 + b1[hid])) @ w2: the hidden units rounded to the model dtype as ffn1 stores them
     dtype = x1.dtype
-    pre = _dot(x1, w1, tl.zeros([BLOCK_M, CHUNK], tl.float32), IEEE)
+    pre = _mm(x1, w1, tl.zeros([BLOCK_M, CHUNK], tl.float32), IEEE)
     b1 = tl.load(b1_ptr + hid, mask=hid < ffn_dim, other=0.0).to(tl.float32)
     h = tl.maximum((pre + b1[None, :]).to(dtype), 0.0).to(dtype)
-    return _dot(h, w2, acc, IEEE)
+    return _mm(h, w2, acc, IEEE)
 
 
 @triton.jit

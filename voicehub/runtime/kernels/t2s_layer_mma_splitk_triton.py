@@ -19,6 +19,16 @@ import triton.language as tl
 
 
 @triton.jit
+def _mm(a, b, acc, IEEE: tl.constexpr):
+    # fp32 operands (tests, fp32 models) in full precision, not TF32; fp16 ones on the tensor cores
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _split_is_last(acc, part_ptr, count_ptr, tile, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr):  # fmt: skip
     # store this split's partial [BLOCK_M, BLOCK_N] of the tile; True in the tile's last program to arrive

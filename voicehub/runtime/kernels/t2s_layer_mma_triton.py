@@ -45,6 +45,7 @@ from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     row_block_counters,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
+    _mm,
     _split_is_last,
     _split_sum,
     k_span,
@@ -130,16 +131,6 @@ def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
     if (dim, ffn_dim, n_head, vocab) in CONFIGS:
         return CONFIGS[dim, ffn_dim, n_head, vocab]
     return MmaConfig(block_k=max(MIN_DOT, min(64, triton.next_power_of_2(dim))))
-
-
-@triton.jit
-def _mm(a, b, acc, IEEE: tl.constexpr):
-    # fp32 operands (tests, fp32 models) in full precision, not TF32; fp16 ones on the tensor cores
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.jit
