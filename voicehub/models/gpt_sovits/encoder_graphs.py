@@ -12,7 +12,8 @@ The padded tokens and phonemes are masked in every encoder, the speed resampling
 frames (`resample_rows`), and wns1 masks the features past the row's length: the replay equals
 `decode_encp` of the unpadded prefix up to float rounding. Shapes past MAX_TOKENS / MAX_PHONES, or new
 ones once MAX_GRAPHS are held, run `decode_encp` eagerly (said once per shape). A compiled forward set on
-one of the encoder's modules drops the graphs (they would replay the old code).
+one of the encoder's modules drops the graphs (they would replay the old code). `decode_encp_bucketed`
+runs the same padded layout eagerly: the per-sentence path, so cuDNN sees only bucket shapes.
 
 `EncoderRowGraphs` does the same for the stream engine's batches (serving.py): the windows of several
 streams at one speed replay one graph of (row bucket, token bucket, phoneme bucket, speed), the rows
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
@@ -68,6 +70,25 @@ def round_up(n: int, step: int) -> int:
 def encoder_key(n_tokens: int, n_phones: int, speed: float) -> EncoderKey:
     """The graph that serves a prefix of n_tokens with n_phones phonemes at `speed`."""
     return round_up(n_tokens, TOKEN_BUCKET), round_up(n_phones, PHONE_BUCKET), float(speed)
+
+
+@torch.no_grad()
+def decode_encp_bucketed(
+    model: SynthesizerV3, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float = 1.0
+) -> torch.Tensor:
+    """`model.decode_encp(codes [n_q, 1, T], text [1, P], ge, speed)` (same result up to float rounding)
+    run eagerly at `encoder_key`'s padded shapes, the graphs' layout: cuDNN plans its convolutions per
+    shape, so the per-sentence path reaches it at a few shapes. Past MAX_TOKENS / MAX_PHONES it pads to
+    a multiple of the bucket all the same (a bounded number of shapes, at most a bucket of padding)."""
+    n_tokens, n_phones = codes.shape[2], text.shape[1]
+    t, p, _ = encoder_key(n_tokens, n_phones, speed)
+    content, n_fea, mask = encp_lengths(n_tokens, speed)
+    n = torch.tensor([n_tokens, n_phones, content, mask], device=codes.device)
+    fea = model.decode_encp_masked(
+        F.pad(codes, (0, t - n_tokens)), n[0:1], F.pad(text, (0, p - n_phones)), n[1:2], ge,
+        n[2:3] if speed != 1 else None, encp_lengths(t, speed)[0], n[3:4],
+    )  # fmt: skip
+    return fea[:, :, :n_fea]
 
 
 @dataclass

@@ -37,6 +37,7 @@ from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.solver import solve_bucketed
+from voicehub.models.gpt_sovits.encoder_graphs import decode_encp_bucketed
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.reference import (
     ReferenceAudio,
@@ -293,7 +294,7 @@ class Pipeline:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         mel = decode_mel(
             self.sovits, ref.acoustic, result.tokens[None, None], phones, int(params.sample_steps),
-            speed=float(params.speed), generator=generator, solver=solve_bucketed,
+            speed=float(params.speed), generator=generator, solver=solve_bucketed, encoder=decode_encp_bucketed,
         )  # fmt: skip
         audio = vocode(self.vocoder, mel)[0].float()  # [n]
         peak = audio.abs().max()

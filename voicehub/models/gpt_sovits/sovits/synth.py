@@ -67,18 +67,26 @@ def decode_mel(
     speed: float = 1.0,
     generator: torch.Generator | None = None,
     solver: Callable[..., torch.Tensor] | None = None,
+    encoder: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Semantic tokens [1, 1, T] (or [1, T]) + phoneme ids [1, P] -> log-mel [1, 100, L].
 
     L = floor(3.75 * T) at speed 1.0. The CFM noise is drawn per chunk from `generator`
     (the global RNG when None), in the model's dtype, as upstream draws it. solver: what solves each
     chunk, with `cfm.solver.solve`'s signature (None: `solve` itself, at the chunk's own frame count,
-    as upstream; the pipeline passes `solve_bucketed`, which equals it up to float rounding).
+    as upstream; the pipeline passes `solve_bucketed`, which equals it up to float rounding). encoder:
+    what makes the CFM's condition features, called as encoder(model, codes, phones, ge, speed) (None:
+    `model.decode_encp`, at the sentence's own shapes; the pipeline passes
+    `encoder_graphs.decode_encp_bucketed`, which equals it up to float rounding).
     """
     if speed <= 0:
         raise ValueError(f"speed must be > 0, got {speed}")
     # decoders return tokens on the CPU (DecodeResult); the codebook lookup runs where the phones are
-    fea_todo = model.decode_encp(_as_codes(codes).to(phones.device), phones, prompt.ge, speed)
+    codes = _as_codes(codes).to(phones.device)
+    if encoder is None:
+        fea_todo = model.decode_encp(codes, phones, prompt.ge, speed)
+    else:
+        fea_todo = encoder(model, codes, phones, prompt.ge, speed)
     fea_ref, mel_ref = prompt.fea, prompt.mel
     t_min = mel_ref.shape[2]
     if t_min == 0:
