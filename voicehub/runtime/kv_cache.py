@@ -14,6 +14,11 @@ from collections.abc import Sequence
 import torch
 
 
+def round_up(n: int, step: int) -> int:
+    """The smallest multiple of `step` that is >= n (a bucket with no largest size)."""
+    return -(-n // step) * step
+
+
 def pick_bucket(n_slots_needed: int, buckets: Sequence[int]) -> int:
     """The smallest bucket holding `n_slots_needed` slots; ValueError if none does."""
     for size in sorted(buckets):

@@ -47,7 +47,7 @@ import torch
 
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN
 from voicehub.models.gpt_sovits.cfm.dit import DiT
-from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.cfm.solver import FRAME_BUCKET, solve_padded
 from voicehub.models.gpt_sovits.encoder_graphs import PHONE_BUCKET, EncoderGraphs, encoder_key, forwards_of
 from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
@@ -55,9 +55,9 @@ from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
 from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream
 from voicehub.models.gpt_sovits.vocoder_graphs import VocoderGraphs
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
-from voicehub.runtime.kv_cache import pick_bucket
+from voicehub.runtime.kv_cache import pick_bucket, round_up
 
-CFM_FRAME_BUCKET = 64  # frames: a CFM piece is right-padded to a multiple of this
+CFM_FRAME_BUCKET = FRAME_BUCKET  # frames: a CFM piece is right-padded to a multiple of this
 CFM_ROW_BUCKETS = (1, 2, 4, 8, 16)  # rows per CFM graph: 1 streamed piece; the stream engine's batches
 COMMON_CHUNK_TOKENS = (25,)  # stream_chunk_tokens of the load-time shapes (the stream engine's default)
 COMMON_SAMPLE_STEPS = (PRESETS[PresetName.FAST].sample_steps,)  # CFM steps of the load-time graphs
@@ -74,7 +74,7 @@ log = logging.getLogger("voicehub.models.gpt_sovits")
 def cfm_frame_buckets(step: int = CFM_FRAME_BUCKET, largest: int = T_CHUNK) -> tuple[int, ...]:
     """Frame buckets of the CFM graphs: the multiples of `step` up to the first that holds `largest`
     (every bucket a multiple of 8 frames, as the masked attention kernels like their rows aligned)."""
-    return tuple(range(step, -(-largest // step) * step + 1, step))
+    return tuple(range(step, round_up(largest, step) + 1, step))
 
 
 def feature_frames(n_tokens: int, speed: float) -> int:

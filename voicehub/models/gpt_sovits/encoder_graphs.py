@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
-from voicehub.runtime.kv_cache import pick_bucket
+from voicehub.runtime.kv_cache import pick_bucket, round_up
 
 TOKEN_BUCKET = 25  # semantic tokens: a prefix is right-padded to a multiple of this
 PHONE_BUCKET = 32  # phonemes: a sentence's phonemes are right-padded to a multiple of this
@@ -61,10 +61,6 @@ def forwards_of(module: torch.nn.Module) -> tuple:
 def encoder_identity(model: SynthesizerV3) -> tuple:
     """What the encoder's graphs replay: the forwards set on its modules (a change drops the graphs)."""
     return tuple(forwards_of(m) for m in (model.quantizer, model.enc_p, model.bridge, model.wns1))
-
-
-def round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
 
 
 def encoder_key(n_tokens: int, n_phones: int, speed: float) -> EncoderKey:

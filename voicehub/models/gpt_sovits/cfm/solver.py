@@ -20,8 +20,9 @@ import torch.nn.functional as F
 
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.schedule import BlockReuse
+from voicehub.runtime.kv_cache import round_up
 
-FRAME_BUCKET = 64  # frames: bucketed solves pad to a multiple (acoustic_graphs' CFM_FRAME_BUCKET)
+FRAME_BUCKET = 64  # frames: bucketed solves, and the streamed path's CFM graphs, pad to a multiple
 
 
 def euler_step(
@@ -73,7 +74,7 @@ def solve(
 
 def padded_frames(n_frames: int, bucket: int = FRAME_BUCKET) -> int:
     """The frame bucket of an n_frames solve: the next multiple of `bucket` (no largest bucket)."""
-    return -(-n_frames // bucket) * bucket
+    return round_up(n_frames, bucket)
 
 
 def solve_bucketed(
