@@ -11,8 +11,9 @@ It reproduces upstream's v3 flow (inference_webui.py `get_tts_wav` at the pinned
 Differences, on purpose: sentences are cut by `TextFrontend.cut` (upstream's TTS.py pre-segmentation
 rules), the pause is put *between* sentences (upstream also appends one after the last), and each
 sentence edge next to a pause gets a 5 ms fade so a sentence that ends mid-wave does not click; and the
-CFM solves each chunk right-padded to a multiple of 64 frames, masked (`solve_bucketed`: equal up to float
-rounding), so sentences of every length reach cuDNN at the streamed CFM graphs' few shapes.
+CFM solves each chunk right-padded to a multiple of 64 frames and the SoVITS encoder runs at the stream
+engine's token/phoneme buckets, both masked (`solve_bucketed`, `decode_encp_bucketed`: equal up to float
+rounding), so sentences of every length reach cuDNN at a few shapes (BigVGAN still at the sentence's own).
 
 Every fast path (issue 4: static KV, graphs, sub-sentence streaming) is held to this one.
 """

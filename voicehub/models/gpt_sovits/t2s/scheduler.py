@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from voicehub.models.gpt_sovits.t2s.decode import DecodeResult, StopReason
+from voicehub.models.gpt_sovits.t2s.decode import DecodeResult
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
 from voicehub.models.gpt_sovits.t2s.prefill import PaddedPrefill, to_device
 from voicehub.models.gpt_sovits.t2s.static import (
@@ -45,6 +45,7 @@ from voicehub.models.gpt_sovits.t2s.static import (
     T2SStaticDecoder,
     decode_step,
     sample_step,
+    stopped_result,
 )
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket
@@ -268,7 +269,9 @@ class T2SRowEngine(T2SStaticDecoder):
             )
             tokens = data[row][4 : 4 + max(end - start, 0)]
             rec.tokens += tokens
-            result = self._host_result(rec, end, bool(stop_eos)) if is_done else None
+            # the final result from the collected tokens (out[:end]; an EOS stop's end is its EOS step)
+            stop_step = end if stop_eos else end - 1
+            result = stopped_result(rec.tokens, stop_step, rec.is_forced, bool(stop_eos)) if is_done else None
             updates[row] = RowUpdate(tokens, bool(is_done), result)
         return updates
 
@@ -355,15 +358,3 @@ class T2SRowEngine(T2SStaticDecoder):
         self.seed_lo.index_copy_(0, idx, lo[:, 5])
         self.seed_hi.index_copy_(0, idx, lo[:, 6])
         self.snap_from.index_fill_(0, idx, 0)
-
-    @staticmethod
-    def _host_result(rec: _Row, end: int, is_eos: bool) -> DecodeResult:
-        """`_result` from the collected tokens (out[:end]): forced rows keep all, an EOS stop excludes
-        the EOS draw, the cap drops the first token as upstream's y[-idx:] does."""
-        if rec.is_forced:
-            tokens, reason, n_steps = rec.tokens, StopReason.FORCED, end
-        elif is_eos:
-            tokens, reason, n_steps = rec.tokens, StopReason.EOS, end + 1
-        else:
-            tokens, reason, n_steps = rec.tokens[1:], StopReason.MAX_TOKENS, end
-        return DecodeResult(torch.tensor(tokens, dtype=torch.long), reason, n_steps, torch.zeros(0))

@@ -182,6 +182,21 @@ def _finish(
     return aln(x, layer.linear2(F.relu(layer.linear1(x))), n2.weight, n2.bias, n2.eps)
 
 
+def stopped_result(drawn, stop_step: int, is_forced: bool, is_eos: bool) -> DecodeResult:
+    """A stopped row's DecodeResult from its draws (out[0:], a tensor or a list, through stop_step; an EOS
+    stop's up to it): a forced row keeps every draw, an EOS stop excludes the EOS draw, and the cap keeps
+    the last stop_step of the stop_step + 1 draws, as upstream's y[-idx:] does."""
+    if is_forced:
+        tokens, reason = drawn[: stop_step + 1], StopReason.FORCED
+    elif is_eos:
+        tokens, reason = drawn[:stop_step], StopReason.EOS
+    else:
+        tokens, reason = drawn[1 : stop_step + 1], StopReason.MAX_TOKENS
+    return DecodeResult(
+        torch.as_tensor(tokens, dtype=torch.long).clone(), reason, stop_step + 1, torch.zeros(0)
+    )
+
+
 def stack_weights(model: T2SModel) -> StackWeights:
     """The decoder's layers and head as the layer-stack op takes them (the parameters, not copies)."""
     layers = tuple(
@@ -449,11 +464,6 @@ class T2SStaticDecoder:
 
     def _result(self, row: int) -> DecodeResult:
         st = self.state
-        idx, out = int(st.stop_step[row]), st.out[row].cpu()
-        if bool(st.forced[row]):
-            tokens, reason = out[: idx + 1], StopReason.FORCED
-        elif bool(st.stop_eos[row]):
-            tokens, reason = out[:idx], StopReason.EOS
-        else:  # upstream keeps y[-idx:]: the last idx of the idx + 1 tokens drawn
-            tokens, reason = out[1 : idx + 1], StopReason.MAX_TOKENS
-        return DecodeResult(tokens.clone(), reason, idx + 1, torch.zeros(0))
+        return stopped_result(
+            st.out[row].cpu(), int(st.stop_step[row]), bool(st.forced[row]), bool(st.stop_eos[row])
+        )
