@@ -187,13 +187,11 @@ class PaddedPrefill:
         cache `rows` (one each, distinct, len(rows) one of `row_counts`); returns their next-token logits
         [n, V] (a view of the static output: read it before the next load). Sets the rows' cache lengths;
         touches no other row."""
-        n = len(rows)
-        assert n == len(prompts) and len(set(rows)) == n, "one prompt per distinct row"
-        if n not in self.row_counts:
-            raise ValueError(f"{n} prompts at once; this prefill takes {self.row_counts} (exact row counts)")
-        n_slots = self.bucket_of(max(p.shape[0] + t.shape[0] for p, _, t in prompts))
-        self._fill(rows, prompts, n_slots)
-        return self.graphs.run((n, n_slots))
+        if len(rows) not in self.row_counts:
+            raise ValueError(
+                f"{len(rows)} prompts at once; this prefill takes {self.row_counts} (exact row counts)"
+            )
+        return self.load_padded(rows, prompts)  # an exact row count: no padding rows
 
     def load_padded(
         self, rows: list[int], prompts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
