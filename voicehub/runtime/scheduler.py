@@ -202,14 +202,8 @@ class ContinuousScheduler:
                 self._collect(*self._pending.popleft())
         except BaseException as error:  # every live stream learns of the engine failure
             self._pending.clear()
-            rows = list(self._rows)
-            for row in rows:  # first: a release that fails too must not leave a client waiting
-                self._rows.pop(row)._finish(error=error)
-            for row in rows:
-                try:
-                    self.engine.release(row)
-                except Exception:  # the engine's first error is the one raised; this one is logged
-                    log.exception("releasing row %d after the engine failed", row)
+            failed, self._rows = self._rows, {}
+            self._fail(failed, error)
             raise
         return not self.is_idle
 
@@ -262,12 +256,21 @@ class ContinuousScheduler:
         try:
             self.engine.admit_rows(rows, [h.request for h in handles])
         except Exception as error:  # the rows stay free
-            for row, handle in zip(rows, handles):
-                self.engine.release(row)
-                handle._finish(error=error)
+            self._fail(dict(zip(rows, handles)), error)
             return 0
         self._rows.update(zip(rows, handles))
         return len(rows)
+
+    def _fail(self, streams: dict[int, StreamHandle], error: BaseException) -> None:
+        """Finish each stream with the engine's error, then free its row: a release that fails too must
+        not leave a client waiting (it is logged; the engine's first error is the one raised)."""
+        for handle in streams.values():
+            handle._finish(error=error)
+        for row in streams:
+            try:
+                self.engine.release(row)
+            except Exception:
+                log.exception("releasing row %d after the engine failed", row)
 
     def _step_round(self) -> int:
         """Up to stop_check_interval steps over the rows that may still step; returns how many ran."""
