@@ -54,7 +54,8 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     e2e) step e2e "${E2E_LIMIT:-340}" python3 benchmarks/e2e_bench.py --reps 2 --windows 25,none --out "$OUT/e2e_h200.json" ;;
     # process start only (issue 4): one in-process profile (triton, both request paths), then fresh children
     startup) step e2e-startup "${STARTUP_LIMIT:-260}" python3 benchmarks/e2e_bench.py --profiles triton --reps 1 \
-      --windows 25,none --startup-profiles triton_minimal --out "$OUT/e2e_startup_h200.json" ;;
+      --windows 25,none --startup-profiles triton_minimal --startup-kinds "${STARTUP_KINDS:-cold,warm}" \
+      --out "$OUT/e2e_startup_h200.json" ;;
     streams) step streams 240 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 8 --drain 8 \
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
     # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack,
@@ -72,6 +73,8 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     cfmkernels) step cfm-kernels 120 python3 benchmarks/acoustic_bench.py --parts cfm_kernels --out "$OUT/cfm_kernels_h200.json" ;;
     # the per-sentence path's new-length cost with the fused DiT ops: eager DiT forwards at new lengths
     ditprobe) step dit-probe 150 python3 benchmarks/dit_length_probe.py --out "$OUT/dit_length_probe_h200.json" ;;
+    # session 7: each eager acoustic stage at new lengths with cuDNN and without (conv_plan_probe.py)
+    convprobe) step conv-probe 150 python3 benchmarks/conv_plan_probe.py --out "$OUT/conv_plan_probe_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \

@@ -1,0 +1,156 @@
+"""What a never-seen length costs each eager acoustic stage, with cuDNN and without (issues 4 and 7).
+
+The per-sentence path and the stream engine's batched encoder run the SoVITS encoder, the CFM's DiT
+and BigVGAN eagerly at shapes no graph holds. `dit_length_probe.py` found that a new length's cost is
+cuDNN building per-shape plans (~27 ms of host time per convolution, ~2 ms per cuDNN attention), not
+GPU work. This probe times, on full-size random v3 weights in fp16, each stage at lengths never seen
+before (first call, then the same length again), with cuDNN as it is and with cuDNN off
+(`torch.backends.cudnn.flags(enabled=False)`: ATen's own convolutions; the DiT's attention then by
+flash/efficient SDPA), then each stage's warm GPU time at one length (CUDA events) and the relative
+L2 of the cuDNN-off output against cuDNN's. Prints a table, writes JSON. Run on the GPU machine:
+
+    python benchmarks/conv_plan_probe.py --out $OUT/conv_plan_probe_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from bench_meta import tree_commit
+
+from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
+from voicehub.models.gpt_sovits.optimization import DIT_OPS, dit_kernels
+from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkpoint
+from voicehub.runtime.kernels import registry
+
+MODES = ("cudnn", "no_cudnn")
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    """cuDNN as configured, or off for convolutions and attention both."""
+    if name == "cudnn":
+        yield
+        return
+    sdp = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        with torch.backends.cudnn.flags(enabled=False):
+            yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(sdp)
+
+
+def host_ms(fn: Callable[[], torch.Tensor]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def gpu_ms(fn: Callable[[], torch.Tensor], reps: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], torch.Tensor]], int, int]]:
+    """name -> (inputs of length n -> call, first probed length, warm length); lengths per stage's unit."""
+    sovits = (
+        load_sovits_v3(make_sovits_checkpoint("/tmp/s2v3_full.pth", "full", seed=0)).to(dev).half().eval()
+    )
+    vocoder = load_bigvgan(make_bigvgan_folder("/tmp/bigvgan_full", "full", seed=0)).to(dev).half().eval()
+    dit = sovits.cfm.estimator
+    dit.set_kernels(dit_kernels({op: registry.resolve(op, "triton", "cuda") for op in DIT_OPS}))
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = sovits.arch
+    ge = torch.randn(1, a.gin_channels, 1, device=dev, generator=g).half()
+
+    def encoder(n: int):  # n semantic tokens, 2n phonemes (a sentence's ratio, roughly)
+        codes = torch.randint(0, a.n_bins, (1, 1, n), device=dev, generator=g)
+        text = torch.randint(1, a.n_symbols, (1, 2 * n // 3), device=dev, generator=g)
+        return lambda: sovits.decode_encp(codes, text, ge)
+
+    def dit_call(n: int):  # n mel frames, batch 2 (guidance), no mask
+        x, cond = (torch.randn(2, n, a.mel_dim, device=dev, generator=g).half() for _ in range(2))
+        mu = torch.randn(2, n, a.inter2, device=dev, generator=g).half()
+        t, d = (torch.rand(2, device=dev, generator=g).half() for _ in range(2))
+
+        def run():
+            text_emb, d_emb = dit.condition(mu, d, None)
+            return dit(x, cond, text_emb, t, d_emb, None)
+
+        return run
+
+    def bigvgan(n: int):  # n mel frames
+        mel = torch.randn(1, a.mel_dim, n, device=dev, generator=g).half()
+        return lambda: vocoder(mel)
+
+    return {"sovits_encoder": (encoder, 61, 150), "dit": (dit_call, 301, 562), "bigvgan": (bigvgan, 131, 298)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    rows, warm = [], []
+    with torch.inference_mode():
+        for name, (make, first_len, warm_len) in stages(dev).items():
+            n = first_len
+            for m in MODES:
+                with mode(m):
+                    make(warm_len)()  # this mode's first use at some length out of the figures
+                    for _ in range(3):
+                        call = make(n)
+                        first, again = host_ms(call), host_ms(call)
+                        rows.append(dict(stage=name, mode=m, length=n, first_ms=first, again_ms=again))
+                        print(
+                            f"{name:15} {m:9} n={n:4} first {first:8.1f} ms  again {again:7.1f} ms",
+                            flush=True,
+                        )
+                        n += 7
+            call = make(warm_len)
+            outs = {}
+            for m in MODES:
+                with mode(m):
+                    outs[m] = call().float()
+                    ms = gpu_ms(call)
+                warm.append(dict(stage=name, mode=m, length=warm_len, gpu_ms=ms))
+                print(f"{name:15} {m:9} n={warm_len:4} warm GPU {ms:7.2f} ms", flush=True)
+            ref, other = outs["cudnn"], outs["no_cudnn"]
+            rel = float((other - ref).norm() / ref.norm().clamp_min(1e-12))
+            warm[-1]["rel_l2_vs_cudnn"] = rel
+            print(f"{name:15} no_cudnn rel L2 vs cudnn {rel:.2e}", flush=True)
+    meta = dict(
+        benchmark="conv_plan_probe", machine=torch.cuda.get_device_name(), platform=platform.platform(),
+        versions=dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                      cudnn=torch.backends.cudnn.version(), voicehub_commit=tree_commit() or None),
+        precision="float16", sizes="full-size random SoVITS v3 (encoder, DiT with the triton kernel set, "
+        "batch 2) and BigVGAN v2 24 kHz 100-band, batch 1", warmups="1 call a mode before its new lengths; "
+        "3 before the warm GPU time", repetitions="new lengths: 1 first + 1 again; warm GPU: 10, median",
+        command=" ".join(["python", *sys.argv]),
+    )  # fmt: skip
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, new_lengths=rows, warm=warm), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
