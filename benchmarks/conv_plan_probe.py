@@ -4,10 +4,11 @@ The per-sentence path and the stream engine's batched encoder run the SoVITS enc
 and BigVGAN eagerly at shapes no graph holds. `dit_length_probe.py` found that a new length's cost is
 cuDNN building per-shape plans (~27 ms of host time per convolution, ~2 ms per cuDNN attention), not
 GPU work. This probe times, on full-size random v3 weights in fp16, each stage at lengths never seen
-before (first call, then the same length again), with cuDNN as it is and with cuDNN off
-(`torch.backends.cudnn.flags(enabled=False)`: ATen's own convolutions; the DiT's attention then by
-flash/efficient SDPA), then each stage's warm GPU time at one length (CUDA events) and the relative
-L2 of the cuDNN-off output against cuDNN's. Prints a table, writes JSON. Run on the GPU machine:
+before (first call, then the same length again) in three modes: cuDNN as it is; cuDNN off process-wide
+(`torch.backends.cudnn.flags(enabled=False)`: ATen's own convolutions, the DiT's attention by
+flash/efficient SDPA); and the runtime's `aten_convolutions` (this thread's 1-d convolutions without
+cuDNN, attention as it is). Then each stage's warm GPU time at one length (CUDA events) in each mode
+and the relative L2 of each mode's output against cuDNN's. Prints a table, writes JSON. Run on the GPU machine:
 
     python benchmarks/conv_plan_probe.py --out $OUT/conv_plan_probe_h200.json
 """
@@ -28,16 +29,22 @@ from bench_meta import tree_commit
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.optimization import DIT_OPS, dit_kernels
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkpoint
+from voicehub.runtime.eager_conv import aten_convolutions
 from voicehub.runtime.kernels import registry
 
-MODES = ("cudnn", "no_cudnn")
+MODES = ("cudnn", "no_cudnn", "aten_convs")
 
 
 @contextlib.contextmanager
 def mode(name: str):
-    """cuDNN as configured, or off for convolutions and attention both."""
+    """cuDNN as configured; off for convolutions and attention both (process-wide flags); or the
+    runtime's `aten_convolutions` (this thread's 1-d convolutions without cuDNN, attention as it is)."""
     if name == "cudnn":
         yield
+        return
+    if name == "aten_convs":
+        with aten_convolutions("cuda"):
+            yield
         return
     sdp = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -135,10 +142,10 @@ def main() -> None:
                     ms = gpu_ms(call)
                 warm.append(dict(stage=name, mode=m, length=warm_len, gpu_ms=ms))
                 print(f"{name:15} {m:9} n={warm_len:4} warm GPU {ms:7.2f} ms", flush=True)
-            ref, other = outs["cudnn"], outs["no_cudnn"]
-            rel = float((other - ref).norm() / ref.norm().clamp_min(1e-12))
-            warm[-1]["rel_l2_vs_cudnn"] = rel
-            print(f"{name:15} no_cudnn rel L2 vs cudnn {rel:.2e}", flush=True)
+            for row in warm[-len(MODES) + 1 :]:
+                ref, other = outs["cudnn"], outs[row["mode"]]
+                row["rel_l2_vs_cudnn"] = float((other - ref).norm() / ref.norm().clamp_min(1e-12))
+                print(f"{name:15} {row['mode']:9} rel L2 vs cudnn {row['rel_l2_vs_cudnn']:.2e}", flush=True)
     meta = dict(
         benchmark="conv_plan_probe", machine=torch.cuda.get_device_name(), platform=platform.platform(),
         versions=dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,

@@ -1,0 +1,83 @@
+"""Convolutions without cuDNN for eager calls at shapes no CUDA graph holds.
+
+cuDNN builds execution plans the first time it sees a convolution shape: ~27 ms of host time per
+convolution on the H200 (`benchmarks/results/dit_length_probe_h200.json`), so one eager pass of the
+SoVITS encoder or of BigVGAN at a length never seen costs a tenth of a second to a second on the host
+for a few ms of GPU work. ATen's own CUDA convolutions (im2col + cuBLAS, and its depthwise kernels)
+build no plan. `aten_convolutions(device)` routes the conv1d / conv_transpose1d calls that this thread
+makes inside it to them (`torch._convolution` with cuDNN off: the same call `torch.conv1d` makes, with
+the cuDNN switch of this call alone, so other threads and the process-wide flag are untouched). CUDA
+graphs are captured outside it and keep cuDNN's kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _tuple1(value: Any) -> list[int]:
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def _convolution(
+    x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+) -> torch.Tensor:
+    unbatched = x.dim() == 2
+    if unbatched:
+        x = x.unsqueeze(0)
+    out = torch._convolution(
+        x, weight, bias, _tuple1(stride), _tuple1(padding), _tuple1(dilation), transposed,
+        _tuple1(output_padding), int(groups), False, False, False, torch.backends.cudnn.allow_tf32,
+    )  # fmt: skip
+    return out.squeeze(0) if unbatched else out
+
+
+class AtenConvolutions(TorchFunctionMode):
+    """conv1d and conv_transpose1d with integer paddings through ATen's convolutions (cuDNN off for
+    the call); every other function, and a string padding ("same"/"valid"), runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.conv1d:
+            x, weight, bias, stride, padding, dilation, groups = _bind(
+                args, kwargs, ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+                (None, 1, 0, 1, 1),
+            )  # fmt: skip
+            if not isinstance(padding, str):
+                return _convolution(x, weight, bias, stride, padding, dilation, False, 0, groups)
+        elif func is torch.conv_transpose1d:
+            x, weight, bias, stride, padding, output_padding, groups, dilation = _bind(
+                args, kwargs,
+                ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
+                (None, 1, 0, 0, 1, 1),
+            )  # fmt: skip
+            return _convolution(x, weight, bias, stride, padding, dilation, True, output_padding, groups)
+        return func(*args, **kwargs)
+
+
+def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list[Any]:
+    """Positional + keyword arguments of a torch function -> its parameters in order (the first two,
+    input and weight, required; `defaults` the rest's)."""
+    values = list(args) + [None] * (len(names) - len(args))
+    for i, name in enumerate(names):
+        if name in kwargs:
+            values[i] = kwargs[name]
+        elif i >= len(args) and i >= 2:
+            values[i] = defaults[i - 2]
+    return values
+
+
+@contextlib.contextmanager
+def aten_convolutions(device: torch.device | str, enabled: bool = True) -> Iterator[None]:
+    """This thread's 1-d convolutions on a CUDA `device` without cuDNN (see the module's docstring);
+    elsewhere, or with `enabled` False, nothing changes."""
+    if not enabled or torch.device(device).type != "cuda":
+        yield
+        return
+    with AtenConvolutions():
+        yield
