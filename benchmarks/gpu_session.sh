@@ -74,7 +74,8 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # the per-sentence path's new-length cost with the fused DiT ops: eager DiT forwards at new lengths
     ditprobe) step dit-probe 150 python3 benchmarks/dit_length_probe.py --out "$OUT/dit_length_probe_h200.json" ;;
     # session 7: each eager acoustic stage at new lengths with cuDNN and without (conv_plan_probe.py)
-    convprobe) step conv-probe 150 python3 benchmarks/conv_plan_probe.py --out "$OUT/conv_plan_probe_h200.json" ;;
+    convprobe) step conv-probe 150 python3 benchmarks/conv_plan_probe.py --out "$OUT/conv_plan_probe_h200.json"
+      step conv-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_eager_conv.py ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \

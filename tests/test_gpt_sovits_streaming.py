@@ -378,3 +378,48 @@ def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, p
     one_shot = vocode(model.pipeline.vocoder, mel)[0].float().cpu().numpy()
     joined, _ = _stream_mel(model.pipeline.vocoder, mel, [40, 40, 40, 30])
     assert _snr_db(one_shot, joined) >= MIN_SNR_DB
+
+
+@pytest.mark.parametrize("path", ["sentence", "stream"])
+def test_eager_convolutions_run_without_cudnn(model, voice, monkeypatch, path):
+    """Every convolution of the eager acoustic chain (per-sentence and streamed: SoVITS encoder, CFM,
+    BigVGAN) goes through `aten_convolutions` (on CUDA: no cuDNN plan per new shape), with the same audio.
+    On the CPU the mode is off unless DEVICE_TYPES names it; named, ATen runs the same CPU kernels."""
+    from voicehub.runtime import eager_conv
+
+    pipe = model.pipeline
+    ref = pipe.reference(voice)
+    sentence = pipe.text_features("Convolutions at a new length.", Language.EN)
+    params = _params(stream_chunk_tokens=12)
+
+    def run() -> np.ndarray:
+        if path == "sentence":
+            return pipe.synthesize_sentence(ref, sentence, params, seed=3).audio
+        return np.concatenate([a for a, _ in pipe.stream_sentence(ref, sentence, params, seed=3)])
+
+    want = run()
+    convs = [
+        m
+        for m in (*pipe.sovits.modules(), *pipe.vocoder.modules())
+        if isinstance(m, torch.nn.Conv1d | torch.nn.ConvTranspose1d)
+    ]
+    calls = []
+
+    def seen(*_):  # each convolution module's call: inside the mode or not
+        modes = torch.overrides._get_current_function_mode_stack()
+        calls.append(
+            "in_mode" if any(isinstance(m, eager_conv.AtenConvolutions) for m in modes) else "outside"
+        )
+
+    hooks = [m.register_forward_hook(seen) for m in convs]
+    real = torch._convolution
+    monkeypatch.setattr(torch, "_convolution", lambda *a: calls.append(f"aten cudnn={a[11]}") or real(*a))
+    monkeypatch.setattr(eager_conv, "DEVICE_TYPES", ("cuda", "cpu"))
+    try:
+        got = run()
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls.count("in_mode") > 10 and "outside" not in calls
+    assert calls.count("aten cudnn=False") >= calls.count("in_mode") and "aten cudnn=True" not in calls
+    np.testing.assert_array_equal(got, want)

@@ -13,11 +13,15 @@ graphs are captured outside it and keep cuDNN's kernels.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEVICE_TYPES = ("cuda",)  # where cuDNN plans shapes (tests add "cpu" to run the mode's path there)
 
 
 def _tuple1(value: Any) -> list[int]:
@@ -76,8 +80,30 @@ def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) ->
 def aten_convolutions(device: torch.device | str, enabled: bool = True) -> Iterator[None]:
     """This thread's 1-d convolutions on a CUDA `device` without cuDNN (see the module's docstring);
     elsewhere, or with `enabled` False, nothing changes."""
-    if not enabled or torch.device(device).type != "cuda":
+    if not enabled or torch.device(device).type not in DEVICE_TYPES:
         yield
         return
     with AtenConvolutions():
         yield
+
+
+def _device_of(args: tuple) -> torch.device | None:
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+        if isinstance(arg, torch.nn.Module):
+            return next(arg.parameters()).device
+    return None
+
+
+def without_cudnn(fn: F) -> F:
+    """`fn` run inside `aten_convolutions` for the device of its first tensor or module argument: for
+    the runtime's eager calls at shapes no graph holds (the model code itself picks no backend)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        device = _device_of(args)
+        with aten_convolutions(device if device is not None else "cpu"):
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]

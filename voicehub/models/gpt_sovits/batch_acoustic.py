@@ -45,6 +45,7 @@ from voicehub.models.gpt_sovits.streaming import (
     VOCODER_LOOKAHEAD_FRAMES,
     VOCODER_OVERLAP_FRAMES,
 )
+from voicehub.runtime.eager_conv import without_cudnn
 
 
 @dataclass(eq=False)
@@ -125,6 +126,7 @@ def _put(out: list, indices: Sequence[int], values: Sequence[Any]) -> None:
         out[i] = value
 
 
+@without_cudnn  # shapes no graph holds: no cuDNN plans to build for each
 def _encode_eager(sovits: SynthesizerV3, rows: Sequence[EncoderRow]) -> list[torch.Tensor]:
     # one right-padded, masked `decode_encp_padded` call; one row: `decode_encp` itself
     if len(rows) == 1:
@@ -392,7 +394,7 @@ def vocode_windows(
                 report.padded_rows += graphs.vocoder.key(len(chunk), n)[0] - len(chunk)
                 report.off_grid += 0 if is_grid else len(chunk)
             else:
-                audio = vocode(vocoder, torch.stack(mels))
+                audio = without_cudnn(vocode)(vocoder, torch.stack(mels))
                 report.eager[reason] = report.eager.get(reason, 0) + len(chunk)
             report.calls += 1
             audio = audio.float().cpu().numpy()

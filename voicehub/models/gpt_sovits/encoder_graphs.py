@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
+from voicehub.runtime.eager_conv import without_cudnn
 from voicehub.runtime.kv_cache import pick_bucket, round_up
 
 TOKEN_BUCKET = 25  # semantic tokens: a prefix is right-padded to a multiple of this
@@ -192,8 +193,8 @@ class EncoderGraphs:
         n_tokens, n_phones = codes.shape[2], text.shape[1]
         key = encoder_key(n_tokens, n_phones, speed)
         runner = self.runner(key[2])  # the identity check walks the modules: once per call
-        if not self.replayable(key):
-            return self.model.decode_encp(codes, text, ge, speed)
+        if not self.replayable(key):  # eager at a shape no graph holds: no cuDNN plans to build
+            return without_cudnn(self.model.decode_encp)(codes, text, ge, speed)
         s = self._slots_of(key)
         s.codes.zero_()
         s.codes[:, :, :n_tokens].copy_(codes)

@@ -47,6 +47,7 @@ from voicehub.models.gpt_sovits.t2s.decode import (
     reference_probs,
 )
 from voicehub.models.gpt_sovits.t2s.model import T2SModel
+from voicehub.runtime.eager_conv import without_cudnn
 
 if TYPE_CHECKING:
     from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
@@ -98,10 +99,10 @@ class VocoderStream:
         if is_last and self._done == 0:  # everything in one call: no join (and it may be under one overlap)
             self._done = self._mel.shape[2]
             self.n_calls += 1
-            return vocode(self.vocoder, self._mel)[0].float().cpu().numpy()
+            return without_cudnn(vocode)(self.vocoder, self._mel)[0].float().cpu().numpy()
         if is_last:
             ready = (
-                self._emit(self._mel.shape[2], vocode)
+                self._emit(self._mel.shape[2], without_cudnn(vocode))
                 if self._mel.shape[2] > self._done
                 else np.zeros(0, np.float32)
             )
@@ -243,8 +244,16 @@ def stream_windows(
     """
     # Looked up per call (not bound as defaults), so a profiler can wrap the module's solve / vocode (or
     # the graphs' encode / solve / vocode, or the model's decode_encp).
-    solver, vocode_window = (solve, vocode) if graphs is None else (graphs.solve, graphs.vocode)
-    encode = model.decode_encp if graphs is None else partial(graphs.encode, model)
+    # Eager calls run without cuDNN (`without_cudnn`): every window is a new shape, and cuDNN would build
+    # plans for each; graph replays keep the kernels they captured.
+    if graphs is None:
+        solver, vocode_window, encode = (
+            without_cudnn(solve),
+            without_cudnn(vocode),
+            without_cudnn(model.decode_encp),
+        )
+    else:
+        solver, vocode_window, encode = graphs.solve, graphs.vocode, partial(graphs.encode, model)
     cfm = CfmStream(model, prompt, sample_steps, generator, solver=solver)
     voc = VocoderStream(vocoder, vocode_window=vocode_window)
     n_done = 0  # feature frames already solved
