@@ -380,46 +380,59 @@ def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, p
     assert _snr_db(one_shot, joined) >= MIN_SNR_DB
 
 
-@pytest.mark.parametrize("path", ["sentence", "stream"])
-def test_eager_convolutions_run_without_cudnn(model, voice, monkeypatch, path):
-    """Every convolution of the eager acoustic chain (per-sentence and streamed: SoVITS encoder, CFM,
-    BigVGAN) goes through `aten_convolutions` (on CUDA: no cuDNN plan per new shape), with the same audio.
-    On the CPU the mode is off unless DEVICE_TYPES names it; named, ATen runs the same CPU kernels."""
+@pytest.mark.parametrize("path", ["stream", "engine_rows"])
+def test_eager_encoder_runs_without_cudnn(model, voice, monkeypatch, path):
+    """The eager SoVITS encoder calls at shapes no graph holds (the streamed chain without graphs, the
+    stream engine's eager rows) run every convolution through `aten_convolutions` (on CUDA: no cuDNN
+    plan per new shape), with the same output; the CFM's DiT and BigVGAN keep cuDNN (ATen is slower
+    there: conv_plan_probe_h200.json). On the CPU the mode is off unless DEVICE_TYPES names it; named,
+    ATen runs the same CPU kernels."""
+    from voicehub.models.gpt_sovits.batch_acoustic import EncoderRow, encode_rows
     from voicehub.runtime import eager_conv
 
     pipe = model.pipeline
     ref = pipe.reference(voice)
     sentence = pipe.text_features("Convolutions at a new length.", Language.EN)
     params = _params(stream_chunk_tokens=12)
+    phones = torch.tensor(sentence.phone_ids)
+    rows = [
+        EncoderRow(i, torch.arange(n) % 50, phones[: 5 + n], ref.acoustic.ge, 1.0)
+        for i, n in enumerate((9, 14))
+    ]
 
-    def run() -> np.ndarray:
-        if path == "sentence":
-            return pipe.synthesize_sentence(ref, sentence, params, seed=3).audio
-        return np.concatenate([a for a, _ in pipe.stream_sentence(ref, sentence, params, seed=3)])
+    def run() -> list[np.ndarray]:
+        if path == "stream":
+            return [a for a, _ in pipe.stream_sentence(ref, sentence, params, seed=3)]
+        return [f.numpy() for f in encode_rows(pipe.sovits, rows)[0]]
 
     want = run()
-    convs = [
-        m
-        for m in (*pipe.sovits.modules(), *pipe.vocoder.modules())
+    where = {"encoder": [], "other": []}
+
+    def hook(kind):
+        def seen(*_):  # each convolution module's call: inside the mode or not
+            modes = torch.overrides._get_current_function_mode_stack()
+            where[kind].append(any(isinstance(m, eager_conv.AtenConvolutions) for m in modes))
+
+        return seen
+
+    cfm = set(pipe.sovits.cfm.modules())
+    hooks = [
+        m.register_forward_hook(hook("other" if m in cfm or owner is pipe.vocoder else "encoder"))
+        for owner in (pipe.sovits, pipe.vocoder)
+        for m in owner.modules()
         if isinstance(m, torch.nn.Conv1d | torch.nn.ConvTranspose1d)
     ]
-    calls = []
-
-    def seen(*_):  # each convolution module's call: inside the mode or not
-        modes = torch.overrides._get_current_function_mode_stack()
-        calls.append(
-            "in_mode" if any(isinstance(m, eager_conv.AtenConvolutions) for m in modes) else "outside"
-        )
-
-    hooks = [m.register_forward_hook(seen) for m in convs]
+    aten = []
     real = torch._convolution
-    monkeypatch.setattr(torch, "_convolution", lambda *a: calls.append(f"aten cudnn={a[11]}") or real(*a))
+    monkeypatch.setattr(torch, "_convolution", lambda *a: aten.append(a[11]) or real(*a))
     monkeypatch.setattr(eager_conv, "DEVICE_TYPES", ("cuda", "cpu"))
     try:
         got = run()
     finally:
         for h in hooks:
             h.remove()
-    assert calls.count("in_mode") > 10 and "outside" not in calls
-    assert calls.count("aten cudnn=False") >= calls.count("in_mode") and "aten cudnn=True" not in calls
-    np.testing.assert_array_equal(got, want)
+    assert len(where["encoder"]) > 10 and all(where["encoder"])
+    assert not any(where["other"]) and (path != "stream" or len(where["other"]) > 10)
+    assert len(aten) >= len(where["encoder"]) and not any(aten)  # cudnn_enabled False, each call
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

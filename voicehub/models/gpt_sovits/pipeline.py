@@ -55,7 +55,6 @@ from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows,
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
-from voicehub.runtime.eager_conv import aten_convolutions
 from voicehub.text.cut import SPLITS
 from voicehub.text.frontend import TextFrontend, TextSegment
 from voicehub.text.options import Language
@@ -294,13 +293,11 @@ class Pipeline:
         result = self.decode_tokens(ref, sentence, params, seed)
         phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        # eager at the sentence's shapes: convolutions without cuDNN, which would plan each new shape
-        with aten_convolutions(self.device):
-            mel = decode_mel(
-                self.sovits, ref.acoustic, result.tokens[None, None], phones, int(params.sample_steps),
-                speed=float(params.speed), generator=generator, solver=solve_bucketed, encoder=decode_encp_bucketed,
-            )  # fmt: skip
-            audio = vocode(self.vocoder, mel)[0].float()  # [n]
+        mel = decode_mel(
+            self.sovits, ref.acoustic, result.tokens[None, None], phones, int(params.sample_steps),
+            speed=float(params.speed), generator=generator, solver=solve_bucketed, encoder=decode_encp_bucketed,
+        )  # fmt: skip
+        audio = vocode(self.vocoder, mel)[0].float()  # [n]
         peak = audio.abs().max()
         if peak > 1:  # upstream: "simple protection against 16-bit clipping"
             audio = audio / peak

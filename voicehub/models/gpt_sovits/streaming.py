@@ -99,10 +99,10 @@ class VocoderStream:
         if is_last and self._done == 0:  # everything in one call: no join (and it may be under one overlap)
             self._done = self._mel.shape[2]
             self.n_calls += 1
-            return without_cudnn(vocode)(self.vocoder, self._mel)[0].float().cpu().numpy()
+            return vocode(self.vocoder, self._mel)[0].float().cpu().numpy()
         if is_last:
             ready = (
-                self._emit(self._mel.shape[2], without_cudnn(vocode))
+                self._emit(self._mel.shape[2], vocode)
                 if self._mel.shape[2] > self._done
                 else np.zeros(0, np.float32)
             )
@@ -244,14 +244,10 @@ def stream_windows(
     """
     # Looked up per call (not bound as defaults), so a profiler can wrap the module's solve / vocode (or
     # the graphs' encode / solve / vocode, or the model's decode_encp).
-    # Eager calls run without cuDNN (`without_cudnn`): every window is a new shape, and cuDNN would build
-    # plans for each; graph replays keep the kernels they captured.
+    # The eager encoder runs without cuDNN (`without_cudnn`): every window is a new shape, and cuDNN would
+    # plan each (the DiT and BigVGAN keep cuDNN: ATen's convolutions are slower there, conv_plan_probe).
     if graphs is None:
-        solver, vocode_window, encode = (
-            without_cudnn(solve),
-            without_cudnn(vocode),
-            without_cudnn(model.decode_encp),
-        )
+        solver, vocode_window, encode = solve, vocode, without_cudnn(model.decode_encp)
     else:
         solver, vocode_window, encode = graphs.solve, graphs.vocode, partial(graphs.encode, model)
     cfm = CfmStream(model, prompt, sample_steps, generator, solver=solver)

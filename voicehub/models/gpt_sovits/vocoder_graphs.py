@@ -20,7 +20,6 @@ import torch
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.encoder_graphs import forwards_of
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
-from voicehub.runtime.eager_conv import without_cudnn
 from voicehub.runtime.kv_cache import pick_bucket
 
 MAX_VOCODER_FRAMES = 2048  # longest vocoder window replayed from a graph (~22 s)
@@ -134,7 +133,7 @@ class VocoderGraphs:
     def vocode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [1, num_mels, n] denormalised -> audio [1, n * hop] (a copy), as `bigvgan.vocode`."""
         if self.eager_reason(1, mel.shape[2]) is not None:  # one walk of the vocoder a window
-            return without_cudnn(vocode)(self.vocoder, mel)
+            return vocode(self.vocoder, mel)
         return self.vocode_rows([mel[0]])
 
     def vocode_rows(self, mels: Sequence[torch.Tensor]) -> torch.Tensor:

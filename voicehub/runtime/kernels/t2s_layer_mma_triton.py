@@ -107,10 +107,12 @@ class MmaConfig:
 
 
 # (dim, ffn_dim, n_head, vocab) -> config. v3: tuned on the H200 by `t2s_layer_bench.py --mma-grid`
-# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,375 us a step; 16 and 128 rows
-# faster too). K chunks of 256; attention programs walk 8 tiles of 128 slots (a whole 1,024-slot
-# bucket in one program: no partials, no merge); out-proj, FFN1 and FFN2 split K in 4, 2 and 4 fixed
-# parts; PDL off (slower for this stack on the H200).
+# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,375 us a step in session 6; then
+# t2s_layer_mmagrid_ffn_h200.json: 1,379 -> 1,337 us, 128 rows 2,247 -> 2,018 us, 16 rows 973 -> 961 us). K chunks of 256;
+# attention programs walk 8 tiles of 128 slots (a whole 1,024-slot bucket in one program: no partials,
+# no merge); QKV, FFN1 and FFN2 split K in 2, 2 and 4 fixed parts; each layer's norm once a row
+# (prenorm); PDL off (slower for this stack on the H200). The fused FFN (ffn_slices 4-32) was slower:
+# 1,753-2,275 us at 64 rows.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
@@ -119,9 +121,10 @@ CONFIGS = {
         attn_warps=2,
         gemm_stages=2,
         pdl=False,
-        out_splits=4,
+        qkv_splits=2,
         ffn1_splits=2,
         ffn2_splits=4,
+        prenorm=True,
     )  # fmt: skip
 }
 
