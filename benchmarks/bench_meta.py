@@ -1,4 +1,4 @@
-"""What every benchmark records about the tree it ran: the commit.
+"""What every benchmark records about the tree it ran (the commit), and the CUDA-event timer they share.
 
 The device machine receives a copy of the working tree whose `.git` may lag behind it, so the
 caller can name the commit (`VOICEHUB_COMMIT`, set by gpu_session.sh from the lead's checkout);
@@ -8,7 +8,10 @@ otherwise git is asked, and None is recorded when neither knows.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
+from collections.abc import Callable
+from typing import Any
 
 
 def tree_commit() -> str | None:
@@ -20,3 +23,21 @@ def tree_commit() -> str | None:
     except OSError:  # no git on the machine
         return None
     return rev or None
+
+
+def event_ms(fn: Callable[[], Any], warmup: int, reps: int) -> float:
+    """Median ms of one call on the GPU, each timed by CUDA events (launch overhead included)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from bench_meta import tree_commit
+from bench_meta import event_ms, tree_commit
 
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.optimization import DIT_OPS, dit_kernels
@@ -61,20 +61,6 @@ def host_ms(fn: Callable[[], torch.Tensor]) -> float:
     fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3
-
-
-def gpu_ms(fn: Callable[[], torch.Tensor], reps: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], torch.Tensor]], int, int]]:
@@ -139,7 +125,7 @@ def main() -> None:
             for m in MODES:
                 with mode(m):
                     outs[m] = call().float()
-                    ms = gpu_ms(call)
+                    ms = event_ms(call, 3, 10)
                 warm.append(dict(stage=name, mode=m, length=warm_len, gpu_ms=ms))
                 print(f"{name:15} {m:9} n={warm_len:4} warm GPU {ms:7.2f} ms", flush=True)
             for row in warm[-len(MODES) + 1 :]:

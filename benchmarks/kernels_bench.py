@@ -20,7 +20,6 @@ import json
 import math
 import platform
 import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from bench_meta import event_ms
 
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels.registry import ADD_LAYER_NORM, ANTI_ALIAS_SNAKE, DECODE_ATTENTION
@@ -69,22 +69,6 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-def time_eager(fn: Callable[[], Any], warmup: int, reps: int) -> float:
-    """Median ms of one call, each timed by CUDA events (launch overhead included)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def time_graph(calls: list[Callable[[], Any]], warmup: int, reps: int) -> float:
     """Median ms per call of a CUDA graph replaying `calls` in order (no launch overhead)."""
     stream = torch.cuda.Stream()
@@ -98,7 +82,7 @@ def time_graph(calls: list[Callable[[], Any]], warmup: int, reps: int) -> float:
     with torch.cuda.graph(graph):
         for fn in calls:
             fn()
-    return time_eager(graph.replay, warmup, reps) / len(calls)
+    return event_ms(graph.replay, warmup, reps) / len(calls)
 
 
 def run_variant(rows: list[Row], row: Row, body: Callable[[Row], None]) -> None:
@@ -154,7 +138,7 @@ def bench_op(
             row.passed = row.rel_l2 <= TOLERANCE[dtype]
             if want32 is not None:
                 row.extra["rel_l2_vs_fp32_reference"] = rel_l2(got, want32)
-            row.eager_ms = time_eager(lambda: fn(*first), args.warmup, args.reps)
+            row.eager_ms = event_ms(lambda: fn(*first), args.warmup, args.reps)
             row.graph_ms = time_graph([lambda a=a: fn(*a) for a in calls], args.warmup, args.reps)
 
         run_variant(rows, Row(op, shape, dtype, name), body)
@@ -286,7 +270,7 @@ def _time_vocoder(row: Row, vocoder, kernel, mel: torch.Tensor, want: torch.Tens
             allowed = max(allowed, 1.25 * row.extra["reference_rel_l2_vs_fp32"])
         row.passed = row.rel_l2 <= allowed
         reps = max(3, args.reps // 5)
-        row.eager_ms = time_eager(lambda: vocoder(mel), 2, reps)
+        row.eager_ms = event_ms(lambda: vocoder(mel), 2, reps)
         row.graph_ms = time_graph([lambda: vocoder(mel)], 2, reps)
         row.extra["ms_per_audio_second"] = row.eager_ms / audio_s
         row.extra["graph_ms_per_audio_second"] = row.graph_ms / audio_s
