@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from bench_meta import tree_commit
+from bench_meta import event_ms, tree_commit
 
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.bigvgan.model import vocode
@@ -42,21 +42,15 @@ PROMPT_FRAMES = 468  # T_REF: the prompt of every reference of 5 s or more
 
 def bench(fn, warmups: int, reps: int) -> float:
     """Median ms of fn() (CUDA events on the GPU; a CPU run is only a smoke test of the script)."""
+    if torch.cuda.is_available():
+        return event_ms(fn, warmups, reps)
     for _ in range(warmups):
         fn()
     times = []
     for _ in range(reps):
-        if not torch.cuda.is_available():
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        t0 = time.perf_counter()
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
 
 
