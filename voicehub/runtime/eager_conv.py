@@ -7,7 +7,10 @@ for a few ms of GPU work. ATen's own CUDA convolutions (im2col + cuBLAS, and its
 build no plan. `aten_convolutions(device)` routes the conv1d / conv_transpose1d calls that this thread
 makes inside it to them (`torch._convolution` with cuDNN off: the same call `torch.conv1d` makes, with
 the cuDNN switch of this call alone, so other threads and the process-wide flag are untouched). CUDA
-graphs are captured outside it and keep cuDNN's kernels.
+graphs are captured outside it and keep cuDNN's kernels. The runtime uses it for the eager SoVITS
+encoder only (`benchmarks/results/conv_plan_probe_h200.json`: a new length 68-89 -> 23 ms): ATen's
+dilated and transposed convolutions make BigVGAN ~15x slower, and the mode's Python dispatch of every
+op costs the DiT more than its plans save at its few bucketed shapes.
 """
 
 from __future__ import annotations
