@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 SET_SEED = 0
@@ -96,3 +97,24 @@ def write_signal(path: Path, seconds: float, sample_rate: int = 24000) -> Path:
     )
     sf.write(path, (0.2 * audio).astype(np.float32), sample_rate)
     return path
+
+
+def random_reference(model, n_tokens: int = 40):
+    """`encode_reference` of random inputs for a SoVITS v3 `model` (seeded): n_tokens prompt tokens,
+    18 phonemes, a 60-frame spectrogram, floor(3.75 * n_tokens) + 3 mel frames."""
+    from voicehub.models.gpt_sovits.sovits import encode_reference
+
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, model.arch.n_bins, (1, 1, n_tokens), generator=g)
+    phones = torch.randint(1, model.arch.n_symbols, (1, 18), generator=g)
+    spec = torch.rand(1, 1025, 60, generator=g)
+    mel = torch.randn(1, 100, int(n_tokens * 3.75) + 3, generator=g) - 6
+    return encode_reference(model, codes, phones, spec, mel)
+
+
+def random_target(model, n_tokens: int, seed: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random semantic tokens [1, 1, n_tokens] and 25 phoneme ids [1, 25] for `model` (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, model.arch.n_bins, (1, 1, n_tokens), generator=g)
+    phones = torch.randint(1, model.arch.n_symbols, (1, 25), generator=g)
+    return codes, phones

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT, random_reference, random_target, reference_wav, tiny_set  # noqa: F401
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.acoustic_graphs import CFM_FRAME_BUCKET, cfm_frame_buckets
@@ -27,7 +27,6 @@ from voicehub.models.gpt_sovits.encoder_graphs import (
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.sovits import (
     decode_mel,
-    encode_reference,
     load_sovits_v3,
     make_sovits_checkpoint,
 )
@@ -48,22 +47,11 @@ def sovits(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompt(sovits):
-    g = torch.Generator().manual_seed(7)
-    codes = torch.randint(0, sovits.arch.n_bins, (1, 1, PROMPT_TOKENS), generator=g)
-    phones = torch.randint(1, sovits.arch.n_symbols, (1, 18), generator=g)
-    spec = torch.rand(1, 1025, 60, generator=g)
-    mel = torch.randn(1, 100, int(PROMPT_TOKENS * 3.75) + 3, generator=g) - 6
-    return encode_reference(sovits, codes, phones, spec, mel)
-
-
-def _target(sovits, n_tokens: int):
-    g = torch.Generator().manual_seed(n_tokens)
-    codes = torch.randint(0, sovits.arch.n_bins, (1, 1, n_tokens), generator=g)
-    return codes, torch.randint(1, sovits.arch.n_symbols, (1, 25), generator=g)
+    return random_reference(sovits, PROMPT_TOKENS)
 
 
 def _mel(sovits, prompt, n_tokens: int, solver, steps: int = 2, encoder=None, speed=1.0) -> torch.Tensor:
-    codes, phones = _target(sovits, n_tokens)
+    codes, phones = random_target(sovits, n_tokens, seed=n_tokens)
     gen = torch.Generator().manual_seed(5)
     return decode_mel(
         sovits, prompt, codes, phones, steps, speed=speed, generator=gen, solver=solver, encoder=encoder

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpt_sovits_fixtures import random_reference, random_target
 
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder, vocode
 from voicehub.models.gpt_sovits.sovits import (
@@ -28,27 +29,11 @@ def models(tmp_path_factory):
     return sovits, vocoder
 
 
-def _reference(model, n_tokens: int = 40):
-    g = torch.Generator().manual_seed(7)
-    codes = torch.randint(0, model.arch.n_bins, (1, 1, n_tokens), generator=g)
-    phones = torch.randint(1, model.arch.n_symbols, (1, 18), generator=g)
-    spec = torch.rand(1, 1025, 60, generator=g)
-    mel = torch.randn(1, 100, int(n_tokens * 3.75) + 3, generator=g) - 6
-    return encode_reference(model, codes, phones, spec, mel)
-
-
-def _target(model, n_tokens: int, seed: int = 11):
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, model.arch.n_bins, (1, 1, n_tokens), generator=g)
-    phones = torch.randint(1, model.arch.n_symbols, (1, 25), generator=g)
-    return codes, phones
-
-
 def test_n_tokens_give_n_times_960_samples(models):
     sovits, vocoder = models
-    prompt = _reference(sovits)
+    prompt = random_reference(sovits)
     for n in (4, 20, 48):  # multiples of 4: 3.75 mel frames per token is then whole
-        codes, phones = _target(sovits, n)
+        codes, phones = random_target(sovits, n)
         mel = decode_mel(
             sovits, prompt, codes, phones, sample_steps=2, generator=torch.Generator().manual_seed(0)
         )
@@ -56,22 +41,22 @@ def test_n_tokens_give_n_times_960_samples(models):
         assert audio.shape == (1, n * SAMPLES_PER_TOKEN)
         assert torch.isfinite(audio).all() and audio.std() > 1e-4
     # Otherwise the mel has floor(3.75 n) frames, as upstream's nearest interpolation gives.
-    codes, phones = _target(sovits, 21)
+    codes, phones = random_target(sovits, 21)
     assert decode_mel(sovits, prompt, codes, phones, 1).shape == (1, 100, 78)
 
 
 def test_reference_prompt_is_trimmed_to_common_length(models):
     sovits, _ = models
-    prompt = _reference(sovits, n_tokens=40)
+    prompt = random_reference(sovits, n_tokens=40)
     assert prompt.fea.shape[2] == prompt.mel.shape[2] == 150  # floor(3.75 * 40) < mel frames
-    long = _reference(sovits, n_tokens=200)
+    long = random_reference(sovits, n_tokens=200)
     assert long.mel.shape[2] == 468  # at most T_REF prompt frames
 
 
 def test_long_input_is_solved_in_chunks_and_joined(models, monkeypatch):
     sovits, _ = models
-    prompt = _reference(sovits)
-    codes, phones = _target(sovits, 300)  # 1125 frames > T_CHUNK - 150
+    prompt = random_reference(sovits)
+    codes, phones = random_target(sovits, 300)  # 1125 frames > T_CHUNK - 150
     calls = []
     import voicehub.models.gpt_sovits.sovits.synth as synth
 
@@ -90,8 +75,8 @@ def test_long_input_is_solved_in_chunks_and_joined(models, monkeypatch):
 
 def test_speed_changes_length_as_upstream(models):
     sovits, _ = models
-    prompt = _reference(sovits)
-    codes, phones = _target(sovits, 40)
+    prompt = random_reference(sovits)
+    codes, phones = random_target(sovits, 40)
     for speed in (1.3, 0.8):
         mel = decode_mel(sovits, prompt, codes, phones, 1, speed=speed)
         assert mel.shape[2] == int((int(80 / speed) + 1) * 1.875)
@@ -99,8 +84,8 @@ def test_speed_changes_length_as_upstream(models):
 
 def test_same_seed_same_mel_and_other_seed_differs(models):
     sovits, _ = models
-    prompt = _reference(sovits)
-    codes, phones = _target(sovits, 24)
+    prompt = random_reference(sovits)
+    codes, phones = random_target(sovits, 24)
     run = lambda s: decode_mel(sovits, prompt, codes, phones, 4, generator=torch.Generator().manual_seed(s))  # noqa: E731
     assert torch.equal(run(1), run(1))
     assert not torch.allclose(run(1), run(2))
@@ -130,6 +115,6 @@ def test_reference_from_audio_through_voicehub_spectrograms(models):
     assert prompt.mel.shape[2] == min(mel.shape[2], 150)
     # encode_reference owns the normalisation: the prompt is norm_spec of the raw log-mel, applied once
     torch.testing.assert_close(prompt.mel, norm_spec(mel)[:, :, : prompt.mel.shape[2]])
-    codes, phones = _target(sovits, 16)
+    codes, phones = random_target(sovits, 16)
     audio = vocode(vocoder, decode_mel(sovits, prompt, codes, phones, 2))
     assert audio.shape == (1, 16 * SAMPLES_PER_TOKEN) and torch.isfinite(audio).all()
