@@ -80,10 +80,10 @@ def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) ->
 
 
 @contextlib.contextmanager
-def aten_convolutions(device: torch.device | str, enabled: bool = True) -> Iterator[None]:
+def aten_convolutions(device: torch.device | str) -> Iterator[None]:
     """This thread's 1-d convolutions on a CUDA `device` without cuDNN (see the module's docstring);
-    elsewhere, or with `enabled` False, nothing changes."""
-    if not enabled or torch.device(device).type not in DEVICE_TYPES:
+    elsewhere nothing changes."""
+    if torch.device(device).type not in DEVICE_TYPES:
         yield
         return
     with AtenConvolutions():
