@@ -1,5 +1,6 @@
 """Chinese BERT features: a random-weight folder in the official layout through the user's loader."""
 
+import json
 import shutil
 
 import pytest
@@ -9,6 +10,7 @@ from voicehub.errors import CheckpointError, ModelNotFoundError
 from voicehub.models.gpt_sovits.bert import (
     FULL_VOCAB_SIZE,
     BertFeatureExtractor,
+    BertTokenizer,
     bert_config,
     is_bert_language,
     make_bert_folder,
@@ -55,6 +57,66 @@ def test_tokenizer_json_alone_is_enough(tmp_path, bert_dir, bert):
     shutil.copytree(bert_dir, folder)
     (folder / "vocab.txt").unlink()  # upstream's published folder ships tokenizer.json only
     torch.testing.assert_close(BertFeatureExtractor.from_folder(folder)(TEXT, WORD2PH), bert(TEXT, WORD2PH))
+
+
+MIXED = [
+    "你好，世界。",
+    "今天ABC天气 很好！",
+    "Hello WORLD 我们",
+    "（测试）“语音”…—·",
+    "x\u00e9\u00c9 unknownword 的",
+]
+
+
+@pytest.mark.parametrize("keep", ["tokenizer.json", "vocab.txt"])
+@pytest.mark.parametrize("lower", [None, False])
+def test_token_ids_equal_transformers_tokenizer(tmp_path, bert_dir, keep, lower):
+    folder = tmp_path / "b"
+    shutil.copytree(bert_dir, folder)
+    # Latin words and pieces, so case, accents and ## continuations matter
+    extra = ["hello", "world", "wor", "##ld", "e", "é", "##word", "unknown", "ab", "##c"]
+    vocab = make_vocab("tiny") + extra
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"]["vocab"] = {token: i for i, token in enumerate(vocab)}
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    (folder / ("vocab.txt" if keep == "tokenizer.json" else "tokenizer.json")).unlink()
+    if (
+        lower is not None
+    ):  # a tokenizer_config.json that keeps case (transformers reads it over tokenizer.json)
+        (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))
+    want = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    got = BertTokenizer(folder)
+    for text in MIXED:
+        assert got(text) == want(text)["input_ids"], text
+    assert len(got) == len(vocab)
+    assert got("hello world")[1:-1] == [vocab.index("hello"), vocab.index("world")]
+
+
+def test_every_hidden_state_equals_transformers(bert, bert_dir):
+    model = transformers.BertModel.from_pretrained(bert_dir, local_files_only=True).eval()
+    ids = torch.tensor([bert.tokenizer(TEXT)])
+    with torch.no_grad():
+        want = model(ids, output_hidden_states=True).hidden_states
+    for i in range(-len(want), len(want)):
+        torch.testing.assert_close(bert.model(ids, i), want[i], atol=1e-5, rtol=1e-5)
+    with pytest.raises(IndexError):
+        bert.model(ids, len(want))
+
+
+def test_text_over_the_position_table_is_refused(bert):
+    with pytest.raises(ValueError, match="at most 512"):
+        bert.char_features("你" * 600)
+
+
+@pytest.mark.parametrize("key, value", [("position_embedding_type", "relative_key"), ("hidden_act", "relu")])
+def test_config_this_module_does_not_implement_is_refused(tmp_path, bert_dir, key, value):
+    folder = tmp_path / "b"
+    shutil.copytree(bert_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(CheckpointError, match=f"{key}={value!r}"):
+        BertFeatureExtractor.from_folder(folder)
 
 
 def test_non_chinese_segments_get_zeros(bert):

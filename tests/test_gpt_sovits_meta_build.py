@@ -2,10 +2,9 @@
 
 Arithmetic on meta tensors (and `arange`, `randn`, `kaiser_window` on meta) runs through torch's Python
 references, whose first use imports sympy, torch._dynamo and ~900 other modules: 2-3 s of process start.
-Our loaders (T2S, SoVITS with its DiT, BigVGAN) must not import them. transformers does, on importing
-its HuBERT/BERT model modules (masking_utils imports torch._dynamo, torch.distributed.tensor imports
-sympy; 4.57 and 5.x alike), before any constructor runs: the test checks that this import is where they
-first come from, so a meta build in our code cannot hide behind it. Each check runs in a fresh process.
+Our loaders (T2S, SoVITS with its DiT, BigVGAN, HuBERT, BERT) must not import them, nor transformers
+(importing its HuBERT/BERT model modules brings ~1,600 modules, the cascade among them: the runtime has
+its own HuBERT and BERT modules for that reason). Each check runs in a fresh process.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -62,7 +60,7 @@ from voicehub.models.gpt_sovits.sovits import load_sovits_v3
 from voicehub.models.gpt_sovits.ssl import HubertEncoder
 from voicehub.models.gpt_sovits.t2s import load_t2s
 
-OURS = ("t2s", "sovits", "sovits_lora", "bigvgan")  # our meta builds: no Python kernel may run there
+OURS = ("t2s", "sovits", "sovits_lora", "bigvgan", "hubert", "bert")  # no Python kernel may run there
 root = Path(sys.argv[1])
 files = find_model_files(root)
 loads = {
@@ -82,7 +80,8 @@ for name, load in loads.items():
     load()
     sys.setprofile(None)
     after[name] = sorted(CASCADE & set(sys.modules))
-out = {"after": after, "first": first, "python_kernels": python_kernels[:50], "n_modules": len(sys.modules)}
+out = {"after": after, "first": first, "python_kernels": python_kernels[:50], "n_modules": len(sys.modules),
+       "transformers": sorted(m for m in sys.modules if m.split(".")[0] == "transformers")[:5]}
 print(json.dumps(out))
 """
 
@@ -111,27 +110,15 @@ def test_our_loads_run_none_of_torchs_python_kernels(loaded):
 
 def test_our_meta_builds_import_none_of_the_cascade(loaded):
     after = loaded["after"]
-    for name in ("import", "t2s", "sovits", "sovits_lora", "bigvgan"):
+    for name in ("import", "t2s", "sovits", "sovits_lora", "bigvgan", "hubert", "bert"):
         stacks = "\n".join(f"{m}:\n{_where(loaded['first'][m])}" for m in after[name])
         assert after[name] == [], (
             f"after the {name} load, {after[name]} are imported; first imports:\n{stacks}"
         )
 
 
-def _in_module_import(stack: list[tuple[str, str]], package: str) -> bool:
-    # a frame running a module body (`<module>`) of `package`: an import of it, not a call into it
-    return any(name == "<module>" and f"/{package}/" in path.replace("\\", "/") for path, name in stack)
-
-
-def test_the_cascade_comes_only_from_importing_transformers_models(loaded):
-    transformers = pytest.importorskip("transformers")
-    package = Path(transformers.__file__).parent.name
-    for module, stack in loaded["first"].items():
-        where = _where(stack)
-        assert _in_module_import(stack, package), f"{module} first imported outside transformers:\n{where}"
-        assert not any(path.endswith("weights.py") for path, _ in stack), (
-            f"{module} from a meta build:\n{where}"
-        )
+def test_loading_every_model_imports_no_transformers(loaded):
+    assert loaded["transformers"] == [], f"imported by a load: {loaded['transformers']}"
 
 
 FACTORIES = {
@@ -178,9 +165,7 @@ def test_the_meta_build_leaves_other_devices_alone():
 
 
 # A whole load (default voice warmed up: on CUDA the graph captures, Triton kernels chosen at load) and one
-# request, every thread profiled: torch's Python kernels that ran with neither transformers nor an import on
-# the stack. transformers' constructors do run some (weight norm and arange on meta), after its import has
-# brought the modules they need.
+# request, every thread profiled: torch's Python kernels that ran with no import on the stack.
 RUNTIME_SCRIPT = r"""
 import json, sys, threading
 from pathlib import Path
@@ -197,7 +182,7 @@ def profile(frame, event, arg):
     f, where = frame.f_back, None
     while f is not None:
         path = f.f_code.co_filename
-        if "/transformers/" in path or path.startswith("<frozen importlib"):
+        if path.startswith("<frozen importlib"):
             return
         if where is None and not path.startswith(TORCH) and not path.endswith("weights.py"):
             where = f"{path}:{f.f_lineno}"
@@ -224,7 +209,7 @@ print(json.dumps({"outside": outside[:20], "n_outside": len(outside)}))
 
 
 @pytest.mark.gpu
-def test_a_cuda_load_and_request_run_torchs_python_kernels_only_in_transformers(tiny_set, reference_wav):  # noqa: F811
+def test_a_cuda_load_and_request_run_none_of_torchs_python_kernels(tiny_set, reference_wav):  # noqa: F811
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     args = [str(tiny_set), str(reference_wav), REFERENCE_TEXT, "cuda"]
@@ -233,9 +218,7 @@ def test_a_cuda_load_and_request_run_torchs_python_kernels_only_in_transformers(
     )
     assert out.returncode == 0, out.stderr[-4000:]
     ran = json.loads(out.stdout.strip().splitlines()[-1])
-    assert ran["n_outside"] == 0, (
-        f"torch's Python kernels (function, caller) outside transformers: {ran['outside']}"
-    )
+    assert ran["n_outside"] == 0, f"torch's Python kernels (function, caller) ran: {ran['outside']}"
 
 
 def test_computed_buffer_is_empty_on_meta_and_computed_otherwise():

@@ -11,11 +11,12 @@ import torch
 
 from voicehub.errors import CheckpointError
 from voicehub.models.checkpoints import load_strict, rename_weight_norm
-from voicehub.models.gpt_sovits.bert import COMPUTED as BERT_COMPUTED
-from voicehub.models.gpt_sovits.bert import OPTIONAL_KEYS, BertFeatureExtractor, make_bert_folder
+from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, encoder_state, make_bert_folder
+from voicehub.models.gpt_sovits.bert_model import BertModel
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.bigvgan.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from voicehub.models.gpt_sovits.bigvgan.model import BigVGAN, BigVGANConfig
+from voicehub.models.gpt_sovits.hubert_model import HubertModel
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkpoint, read_sovits_file
 from voicehub.models.gpt_sovits.sovits.config import SoVITSV3Arch
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
@@ -24,13 +25,11 @@ from voicehub.models.gpt_sovits.ssl import (
     HUBERT_OPTIONAL,
     HubertEncoder,
     find_weights,
-    load_transformers_model,
     make_hubert_folder,
     read_weights,
 )
 from voicehub.models.gpt_sovits.weights import assign_strict, check_materialized, meta_device, rebuild_missing
 
-transformers = pytest.importorskip("transformers")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -153,9 +152,12 @@ def bert_folder(tmp_path_factory) -> Path:
     return make_bert_folder(tmp_path_factory.mktemp("pm") / "chinese-roberta-wwm-ext-large", "tiny", seed=5)
 
 
+def _config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
 def _hubert_built_for_real(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
-    model = transformers.HubertModel(config)
+    model = HubertModel(_config(folder))
     state = rename_weight_norm(read_weights(find_weights(folder)), set(model.state_dict()))
     load_strict(model, state, "x", optional=HUBERT_OPTIONAL)
     return model.to(dtype=dtype).eval()
@@ -170,27 +172,11 @@ def test_hubert_equals_a_model_built_for_real(hubert_folder, dtype):
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
 def test_bert_equals_a_model_built_for_real(bert_folder, dtype):
-    config = transformers.BertConfig.from_json_file(str(bert_folder / "config.json"))
-    want = transformers.BertModel(config, add_pooling_layer=False)
-    state = {k.removeprefix("bert."): v for k, v in read_weights(find_weights(bert_folder)).items()}
-    load_strict(want, {k: v for k, v in state.items() if not k.startswith("cls.")}, "x")
+    want = BertModel(_config(bert_folder))
+    load_strict(want, encoder_state(read_weights(find_weights(bert_folder))), "x")
     got = BertFeatureExtractor.from_folder(bert_folder, "cpu", dtype).model
     check_materialized(got)
     assert_same_module(got, want.to(dtype=dtype).eval())
-
-
-def test_a_tensor_without_rebuild_function_builds_the_model_for_real(bert_folder, caplog):
-    # As a transformers version with a new computed buffer would: the same model, the slow way, logged.
-    config = transformers.BertConfig.from_json_file(str(bert_folder / "config.json"))
-    weights = find_weights(bert_folder)
-    state = {k.removeprefix("bert."): v for k, v in read_weights(weights).items() if not k.startswith("cls.")}
-    build = lambda: transformers.BertModel(config, add_pooling_layer=False)  # noqa: E731
-    cpu = torch.device("cpu")
-    with caplog.at_level("WARNING", logger="voicehub.models.gpt_sovits"):
-        slow = load_transformers_model(build, state, weights, cpu, torch.float16, OPTIONAL_KEYS, {})
-    assert "building the model in full" in caplog.text and "position_ids" in caplog.text
-    fast = load_transformers_model(build, state, weights, cpu, torch.float16, OPTIONAL_KEYS, BERT_COMPUTED)
-    assert_same_module(fast, slow)
 
 
 def test_hubert_file_without_masked_spec_embed_loads(hubert_folder, tmp_path):
@@ -200,7 +186,7 @@ def test_hubert_file_without_masked_spec_embed_loads(hubert_folder, tmp_path):
     del state["masked_spec_embed"]
     torch.save(state, folder / "pytorch_model.bin")
     model = HubertEncoder.from_folder(folder, "cpu", torch.float16).model
-    # its value is the constructor's (transformers makes it off the meta device) or zeros; unused at inference
+    # rebuilt as zeros (it fills masked frames in training only)
     check_materialized(model)
     assert model.masked_spec_embed.dtype == torch.float16
     del state["feature_projection.projection.bias"]

@@ -67,9 +67,18 @@ def test_new_style_weight_names_and_safetensors(tmp_path, encoder):
     folder.mkdir()
     for name in ("config.json", "preprocessor_config.json"):
         (folder / name).write_text((encoder.folder / name).read_text())
-    save_file(
-        {k: v.contiguous() for k, v in encoder.model.state_dict().items()}, folder / "model.safetensors"
-    )
+    # newer transformers name the weight-norm halves parametrizations.weight.original0 (g) / original1 (v)
+    new_names = {
+        ".weight_g": ".parametrizations.weight.original0",
+        ".weight_v": ".parametrizations.weight.original1",
+    }
+    state = {}
+    for key, value in encoder.model.state_dict().items():
+        for old, new in new_names.items():
+            key = key.removesuffix(old) + new if key.endswith(old) else key
+        state[key] = value.contiguous()
+    assert "encoder.pos_conv_embed.conv.parametrizations.weight.original0" in state
+    save_file(state, folder / "model.safetensors")
     wav = torch.randn(16000) * 0.1
     torch.testing.assert_close(HubertEncoder.from_folder(folder)(wav), encoder(wav))
 
@@ -122,6 +131,24 @@ def test_full_config_values_and_bad_size():
     json.dumps(full)  # writable as config.json
     with pytest.raises(ValueError, match="tiny, full"):
         hubert_config("huge")
+
+
+@pytest.mark.parametrize(
+    "key, value", [("do_stable_layer_norm", True), ("feat_extract_norm", "layer"), ("hidden_act", "relu")]
+)
+def test_config_this_module_does_not_implement_is_refused(tmp_path, hubert_dir, key, value):
+    folder = _folder_with_state(tmp_path, hubert_dir, lambda s: None)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(CheckpointError, match=f"{key}={value!r}"):
+        HubertEncoder.from_folder(folder)
+
+
+def test_unreadable_config_is_refused(tmp_path, hubert_dir):
+    folder = _folder_with_state(tmp_path, hubert_dir, lambda s: None)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        HubertEncoder.from_folder(folder)
 
 
 def test_rejects_stereo_shape(encoder):

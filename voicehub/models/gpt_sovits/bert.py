@@ -5,6 +5,8 @@ text, run `AutoModelForMaskedLM` with output_hidden_states, take hidden_states[-
 layer), drop [CLS]/[SEP], repeat each character's vector `word2ph[i]` times -> [1024, n_phones]. Segments
 whose language is not Chinese (`zh` / `all_zh`) get zeros. We run the encoder (`BertModel`) without the
 masked-LM head: hidden states are identical and the 21128-way logits upstream computes are never used.
+The encoder is our own module (bert_model.py) on transformers' tensor names, the tokenizer a `tokenizers`
+WordPiece pipeline built as transformers' `BertTokenizerFast` builds it (see `BertTokenizer`).
 """
 
 from __future__ import annotations
@@ -15,29 +17,31 @@ from pathlib import Path
 
 import torch
 
-from voicehub.errors import ModelNotFoundError
+from voicehub.errors import CheckpointError, ModelNotFoundError
+from voicehub.models.gpt_sovits import bert_model
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
-from voicehub.models.gpt_sovits.ssl import (
-    find_weights,
-    import_transformers,
-    load_transformers_model,
-    read_weights,
-)
-from voicehub.models.gpt_sovits.weights import Builder
+from voicehub.models.gpt_sovits.ssl import find_weights, load_module, read_config, read_weights
+from voicehub.models.gpt_sovits.weights import meta_device
 
 BERT_FOLDER = "chinese-roberta-wwm-ext-large"  # its name inside upstream's pretrained_models/
 BERT_FEATURE_DIM = 1024  # hidden size of chinese-roberta-wwm-ext-large; the T2S bert_proj input
 BERT_LAYER = -3  # upstream: hidden_states[-3:-2]
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
-# The published file is a BertForPreTraining/MaskedLM dump: heads and the pooler are not part of the encoder.
+# The published file is a BertForPreTraining/MaskedLM dump: heads and the pooler are not part of the encoder;
+# older transformers also saved position_ids / token_type_ids buffers (an arange and zeros: computed here).
 IGNORED_PREFIXES = ("cls.", "bert.pooler.", "pooler.")
-# Older transformers saved position_ids as a persistent buffer; newer ones rebuild it.
-OPTIONAL_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
-# What BertEmbeddings computes rather than reads (transformers: arange and zeros of [1, max positions]).
-COMPUTED: dict[tuple[str, str], Builder] = {
-    ("BertEmbeddings", "position_ids"): lambda t: torch.arange(t.shape[-1]).expand(t.shape),
-    ("BertEmbeddings", "token_type_ids"): lambda t: torch.zeros(t.shape, dtype=torch.long),
-}
+IGNORED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# transformers' BertConfig defaults, for keys a config.json leaves out
+CONFIG_DEFAULTS = {
+    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",
+}  # fmt: skip
+# tokenizer_config.json keys transformers' BertTokenizerFast reads, with its defaults
+TOKENIZER_DEFAULTS = {
+    "do_lower_case": True, "tokenize_chinese_chars": True, "strip_accents": None,
+    "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+}  # fmt: skip
 
 
 def is_bert_language(language: str) -> bool:
@@ -62,15 +66,80 @@ def check_bert_folder(folder: str | Path) -> Path:
     return folder
 
 
-def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # BertForMaskedLM files name the encoder `bert.*`; a bare BertModel file has no prefix.
-    return {(k[len("bert.") :] if k.startswith("bert.") else k): v for k, v in state.items()}
+def encoder_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The encoder's tensors of a BertForMaskedLM / BertForPreTraining file (`bert.*`) or a bare BertModel
+    file (no prefix): heads, pooler and computed buffers dropped, the prefix stripped."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith(IGNORED_PREFIXES):
+            continue
+        key = key[len("bert.") :] if key.startswith("bert.") else key
+        if key not in IGNORED_KEYS:
+            out[key] = value
+    return out
+
+
+def _token_setting(config: dict, key: str) -> str | bool | None:
+    value = config.get(key, TOKENIZER_DEFAULTS[key])
+    # special tokens may be saved as AddedToken dicts ({"content": "[CLS]", ...})
+    return value.get("content") if isinstance(value, dict) else value
+
+
+class BertTokenizer:
+    """Text -> token ids [CLS] ... [SEP], as transformers' BertTokenizerFast: the folder's vocabulary
+    (tokenizer.json's WordPiece vocab, else vocab.txt), BERT's normaliser with the folder's
+    tokenizer_config.json settings (transformers' defaults: lower case, Chinese characters split, accents
+    as lower case says), BERT's pre-tokeniser, WordPiece with `##` continuations. No truncation."""
+
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer, normalizers, pre_tokenizers
+        from tokenizers.models import WordPiece
+
+        settings = {}
+        if (folder / "tokenizer_config.json").is_file():
+            settings = read_config(folder / "tokenizer_config.json", {})
+        unk = _token_setting(settings, "unk_token")
+        vocab = self._vocab(folder)
+        self._tokenizer = Tokenizer(WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##"))
+        self._tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=True,
+            handle_chinese_chars=_token_setting(settings, "tokenize_chinese_chars"),
+            strip_accents=_token_setting(settings, "strip_accents"),
+            lowercase=_token_setting(settings, "do_lower_case"),
+        )
+        self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        special = [_token_setting(settings, key) for key in ("cls_token", "sep_token", "unk_token")]
+        missing = [token for token in special if token not in vocab]
+        if missing:
+            raise CheckpointError(f"the BERT vocabulary in {str(folder)!r} lacks {missing}")
+        self.cls_id, self.sep_id = vocab[special[0]], vocab[special[1]]
+        self._size = len(vocab)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @staticmethod
+    def _vocab(folder: Path) -> dict[str, int]:
+        if (folder / "tokenizer.json").is_file():
+            model = read_config(folder / "tokenizer.json", {}).get("model", {})
+            if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+                raise CheckpointError(f"{str(folder / 'tokenizer.json')!r} holds no WordPiece vocabulary")
+            return model["vocab"]
+        try:
+            lines = (folder / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"cannot read {str(folder / 'vocab.txt')!r}: {exc}") from exc
+        return {token: i for i, token in enumerate(lines)}  # one token a line; its line number is its id
+
+    def __call__(self, text: str) -> list[int]:
+        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return [self.cls_id, *ids, self.sep_id]
 
 
 class BertFeatureExtractor(torch.nn.Module):
     """Character-level BERT features of Chinese text, expanded to phone level with `word2ph`."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, folder: Path):
+    def __init__(self, model: bert_model.BertModel, tokenizer: BertTokenizer, folder: Path):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
@@ -82,26 +151,26 @@ class BertFeatureExtractor(torch.nn.Module):
     ) -> BertFeatureExtractor:
         """Load a chinese-roberta-wwm-ext-large folder (architecture from config.json), strictly, in eval mode."""
         folder = check_bert_folder(folder)
-        transformers = import_transformers()
-        config = transformers.BertConfig.from_json_file(str(folder / "config.json"))
+        config = read_config(folder / "config.json", CONFIG_DEFAULTS)
+        bert_model.check_config(config, str(folder / "config.json"))
+        with meta_device():
+            model = bert_model.BertModel(config)
         weights = find_weights(folder)
-        state = {k: v for k, v in read_weights(weights).items() if not k.startswith(IGNORED_PREFIXES)}
-        build = lambda: transformers.BertModel(config, add_pooling_layer=False)  # noqa: E731
-        model = load_transformers_model(
-            build, _strip_prefix(state), weights, torch.device(device), dtype, OPTIONAL_KEYS, COMPUTED
-        )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        return cls(model.eval(), tokenizer, folder)
+        state = encoder_state(read_weights(weights))
+        model = load_module(model, state, weights, torch.device(device), dtype, (), {})
+        return cls(model, BertTokenizer(folder), folder)
 
     @torch.inference_mode()
     def char_features(self, text: str) -> torch.Tensor:
         """[len(text), hidden] features, one per character (hidden_states[-3] without [CLS]/[SEP])."""
-        param = next(self.model.parameters())
-        inputs = self.tokenizer(text, return_tensors="pt")
-        inputs = {k: v.to(param.device) for k, v in inputs.items()}
-        hidden = self.model(**inputs, output_hidden_states=True).hidden_states[BERT_LAYER][
-            0, 1:-1
-        ]  # [n_tok, H]
+        ids = self.tokenizer(text)
+        if len(ids) > self.model.max_tokens:
+            raise ValueError(
+                f"{len(ids)} BERT tokens for a text of {len(text)} characters: at most "
+                f"{self.model.max_tokens} fit (split the text into shorter sentences)"
+            )
+        device = next(self.model.parameters()).device
+        hidden = self.model(torch.tensor([ids], device=device), BERT_LAYER)[0, 1:-1]  # [n_tok, H]
         if hidden.shape[0] != len(text):
             raise ValueError(
                 f"the BERT tokenizer split {text!r} into {hidden.shape[0]} tokens for {len(text)} characters; "
@@ -189,7 +258,6 @@ def make_bert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Pat
     Files: config.json, pytorch_model.bin (BertForMaskedLM names: `bert.*`, `cls.*`), tokenizer.json and
     vocab.txt built from `make_vocab(size)`. Returns the folder.
     """
-    transformers = import_transformers()
     from tokenizers import BertWordPieceTokenizer
 
     folder = Path(path)
@@ -200,7 +268,23 @@ def make_bert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Pat
     tokenizer.save(str(folder / "tokenizer.json"))
     values = bert_config(size, len(vocab))
     torch.manual_seed(seed)
-    model = transformers.BertForMaskedLM(transformers.BertConfig(**values))
-    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "pytorch_model.bin")
+    model = bert_model.BertModel(values)
+    bert_model.init_random(model, values["initializer_range"])
+    state = {f"bert.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    torch.save({**state, **masked_lm_head(values)}, folder / "pytorch_model.bin")
     (folder / "config.json").write_text(json.dumps(values, indent=2))
     return folder
+
+
+def masked_lm_head(values: dict) -> dict[str, torch.Tensor]:
+    """BertForMaskedLM's `cls.predictions.*` tensors (random; the file carries them, the runtime ignores them)."""
+    width, vocab = values["hidden_size"], values["vocab_size"]
+    std = values["initializer_range"]
+    return {
+        "cls.predictions.bias": torch.zeros(vocab),
+        "cls.predictions.transform.dense.weight": torch.randn(width, width) * std,
+        "cls.predictions.transform.dense.bias": torch.zeros(width),
+        "cls.predictions.transform.LayerNorm.weight": torch.ones(width),
+        "cls.predictions.transform.LayerNorm.bias": torch.zeros(width),
+        "cls.predictions.decoder.weight": torch.randn(vocab, width) * std,
+    }

@@ -21,12 +21,11 @@ from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import SAMPLE_RATE, Pipeline
 from voicehub.models.gpt_sovits.reference import ReferenceCache, Voice
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3
-from voicehub.models.gpt_sovits.ssl import HubertEncoder, import_transformers
+from voicehub.models.gpt_sovits.ssl import HubertEncoder
 from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, load_t2s
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.warmup import (
     LoadTimeline,
-    import_model_classes,
     voice_languages,
     warm_cuda,
     warm_text,
@@ -260,13 +259,10 @@ class GptSovitsModel(TTSModel):
         # for it there would bill the context to whichever phase ended first).
         timeline = LoadTimeline(sync=(lambda: _sync_if_initialized(self.device)) if cuda else None)
         voice = self._load_time_voice()
-        # One runtime thread: the CUDA context first (beside the transformers import), then transformers'
-        # model modules (beside the T2S/SoVITS loads). Its errors surface after the pipeline is built.
+        # One runtime thread: the CUDA context, beside the weight reads. Its errors surface after the
+        # pipeline is built.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-runtime-warm-up") as runtime:
             runtime_jobs = [runtime.submit(warm_cuda, self.device, timeline)] if cuda else []
-            with timeline.phase("import_transformers"):
-                import_transformers()  # before other threads import: two importing packages could meet in a cycle
-            runtime_jobs.append(runtime.submit(import_model_classes, timeline))
             self._load_with_text_thread(timeline, voice, runtime_jobs)
 
     def _load_with_text_thread(

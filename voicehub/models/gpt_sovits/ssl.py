@@ -6,8 +6,8 @@ the `Wav2Vec2FeatureExtractor` is loaded but not applied at inference, so no nor
 here either. The zeros are `int(sovits_sample_rate * 0.3)` samples at 16 kHz, where the rate is the
 SoVITS config's `data.sampling_rate` (32000 for v3), i.e. 9600 samples = 0.6 s, not 0.3 s.
 
-`transformers` provides the architecture only; weights are read and checked here, strictly, so no
-code path can reach a model hub.
+The architecture is our own module (hubert_model.py) on transformers' tensor names; the folder's
+config.json sizes it and its weights are read and checked here, strictly. Nothing reaches a model hub.
 """
 
 from __future__ import annotations
@@ -15,21 +15,17 @@ from __future__ import annotations
 import json
 import logging
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from voicehub.errors import CheckpointError, MissingDependencyError, ModelNotFoundError
-from voicehub.models.checkpoints import load_strict, rename_weight_norm
+from voicehub.errors import CheckpointError, ModelNotFoundError
+from voicehub.models.checkpoints import rename_weight_norm
+from voicehub.models.gpt_sovits import hubert_model
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
-from voicehub.models.gpt_sovits.weights import (
-    Builder,
-    assign_strict,
-    meta_device,
-    rebuild_missing,
-    without_builder,
-)
+from voicehub.models.gpt_sovits.weights import Builder, assign_strict, meta_device, rebuild_missing
 
 HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
 HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
@@ -37,7 +33,7 @@ HUBERT_FRAME_SAMPLES = 320  # 16 kHz samples per output frame (conv strides 5 * 
 REFERENCE_PAD_FACTOR = 0.3  # upstream: zeros = int(sovits data.sampling_rate * 0.3) samples
 V3_SOVITS_SAMPLE_RATE = 32000  # v3 SoVITS data.sampling_rate (reference spectrogram rate)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-CONFIG_MODEL = "the model from its config.json"  # what a transformers folder's weights must match
+CONFIG_MODEL = "the model from its config.json"  # what a folder's weights must match
 # masked_spec_embed fills masked frames in training only; some exports leave it out (then zeros).
 HUBERT_OPTIONAL = ("masked_spec_embed",)
 HUBERT_COMPUTED: dict[tuple[str, str], Builder] = {
@@ -51,18 +47,20 @@ def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> in
     return int(sovits_sample_rate * REFERENCE_PAD_FACTOR)
 
 
-def import_transformers():
+def read_config(path: Path, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A folder's config.json over `defaults` (the values transformers' config class gives a key the file
+    leaves out); an unreadable file raises CheckpointError."""
     try:
-        import transformers
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "HuBERT and BERT features need transformers: pip install transformers"
-        ) from exc
-    return transformers
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {str(path)!r}: {exc}") from exc
+    if not isinstance(values, dict):
+        raise CheckpointError(f"{str(path)!r} holds a {type(values).__name__}, not a JSON object")
+    return {**defaults, **values}
 
 
-def load_transformers_model(
-    build: Callable[[], torch.nn.Module],
+def load_module(
+    model: torch.nn.Module,
     state: Mapping[str, torch.Tensor],
     source: Path,
     device: torch.device,
@@ -70,30 +68,13 @@ def load_transformers_model(
     optional: tuple[str, ...],
     computed: Mapping[tuple[str, str], Builder],
 ) -> torch.nn.Module:
-    """`build()` on the meta device, loaded strictly with `state`, each tensor cast once to `dtype` on `device`.
-
-    computed: how to rebuild what the file may lack (non-persistent buffers, `optional` tensors). A
-    transformers version whose model has a tensor not covered there is built for real and loaded
-    as before (the same values, more slowly), and the log says so.
-    """
-    # transformers' constructors still run a few ops through torch's Python meta kernels (HuBERT's weight
-    # norm, BERT's arange): importing its model modules has imported torch._dynamo and sympy already.
-    with meta_device():  # no throw-away random init of every weight
-        model = build()
-    uncovered = [name for name in without_builder(model, computed) if name not in state]
-    if uncovered:
-        log.warning(
-            "%s: building the model in full (tensors with no rebuild function: %s)", source, uncovered[:4]
-        )
-        with torch.device(device):
-            model = build()
-        load_strict(model, state, source, model=CONFIG_MODEL, optional=optional)
-        return model.to(device=device, dtype=dtype)
+    """`model` (built on the meta device) loaded strictly with `state`, each tensor cast once to `dtype` on
+    `device`; `computed` rebuilds the `optional` tensors the file lacks. Returns it in eval mode."""
     assign_strict(
         model, state, str(source), device=device, dtype=dtype, model=CONFIG_MODEL, optional=optional
     )
     rebuild_missing(model, computed, device, dtype)
-    return model
+    return model.eval()
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -139,7 +120,7 @@ def check_hubert_folder(folder: str | Path) -> Path:
 class HubertEncoder(torch.nn.Module):
     """chinese-hubert-base: 16 kHz audio -> content features [1, hidden, T], T = 50 per second."""
 
-    def __init__(self, model: torch.nn.Module, folder: Path):
+    def __init__(self, model: hubert_model.HubertModel, folder: Path):
         super().__init__()
         self.model = model
         self.folder = folder
@@ -150,22 +131,20 @@ class HubertEncoder(torch.nn.Module):
     ) -> HubertEncoder:
         """Load a chinese-hubert-base folder (architecture from its config.json), strictly, in eval mode."""
         folder = check_hubert_folder(folder)
-        transformers = import_transformers()
-        config = transformers.HubertConfig.from_json_file(str(folder / "config.json"))
-        with meta_device():  # only its tensor names, for the weight-norm naming
-            names = set(transformers.HubertModel(config).state_dict())
+        config = read_config(folder / "config.json", hubert_config("full"))
+        hubert_model.check_config(config, str(folder / "config.json"))
+        with meta_device():
+            model = hubert_model.HubertModel(config)
         weights = find_weights(folder)
-        state = rename_weight_norm(read_weights(weights), names)
-        build = lambda: transformers.HubertModel(config)  # noqa: E731
+        # the published file says weight_g / weight_v; newer transformers save parametrizations.weight.original0/1
+        state = rename_weight_norm(read_weights(weights), set(model.state_dict()))
         device = torch.device(device)
-        model = load_transformers_model(
-            build, state, weights, device, dtype, HUBERT_OPTIONAL, HUBERT_COMPUTED
-        )
-        return cls(model.eval(), folder)
+        model = load_module(model, state, weights, device, dtype, HUBERT_OPTIONAL, HUBERT_COMPUTED)
+        return cls(model, folder)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
+        return self.model.hidden_size
 
     @torch.inference_mode()
     def forward(self, wav16k: torch.Tensor, pad_samples: int = reference_pad_samples()) -> torch.Tensor:
@@ -179,7 +158,7 @@ class HubertEncoder(torch.nn.Module):
             raise ValueError(f"expected 16 kHz mono audio of shape [n], got {tuple(wav16k.shape)}")
         param = next(self.model.parameters())
         x = torch.cat([wav16k.to(param), torch.zeros(pad_samples, dtype=param.dtype, device=param.device)])
-        hidden = self.model(x[None]).last_hidden_state  # [1, T, hidden]
+        hidden = self.model(x[None])  # [1, T, hidden]
         return hidden.transpose(1, 2)
 
 
@@ -215,16 +194,13 @@ def make_hubert_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> P
     Files: config.json, preprocessor_config.json, pytorch_model.bin (weight-norm halves named weight_g /
     weight_v, as in the published file). Returns the folder.
     """
-    transformers = import_transformers()
     values = hubert_config(size)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = transformers.HubertModel(transformers.HubertConfig(**values))
-    state = {}
-    for key, value in model.state_dict().items():
-        key = key.replace(".parametrizations.weight.original0", ".weight_g")
-        state[key.replace(".parametrizations.weight.original1", ".weight_v")] = value.contiguous()
+    model = hubert_model.HubertModel(values)
+    hubert_model.init_random(model, values["initializer_range"])
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
     torch.save(state, folder / "pytorch_model.bin")
     (folder / "config.json").write_text(json.dumps(values, indent=2))
     preprocessor = {

@@ -36,7 +36,6 @@ from voicehub.models.gpt_sovits.acoustic_graphs import COMMON_CHUNK_TOKENS
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.reference import Voice
-from voicehub.models.gpt_sovits.ssl import import_transformers
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.langseg import split_by_language
 from voicehub.text.options import Language
@@ -149,16 +148,6 @@ def warm_cuda(device: torch.device, timeline: LoadTimeline) -> None:
         x = torch.ones(64, 64, device=device, dtype=torch.float16)
         torch.mm(x, x)
         torch.cuda.synchronize(device)
-
-
-def import_model_classes(timeline: LoadTimeline) -> None:
-    """transformers' HuBERT and BERT modules. Their first access imports ~1,600 modules (torch.distributed,
-    torch._dynamo, sympy, scipy: ~2.8 s on a CPU machine), which the HuBERT load would otherwise pay in
-    line; on a thread it overlaps the T2S and SoVITS loads. transformers itself is imported first."""
-    with timeline.phase("runtime_thread.transformers_models", sync=False):
-        transformers = import_transformers()
-        for name in ("HubertModel", "BertModel"):
-            getattr(transformers, name)
 
 
 def warm_chain(pipe: Pipeline, voice: Voice) -> None:
