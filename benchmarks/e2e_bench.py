@@ -70,10 +70,9 @@ PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs awa
 # graph presets; triton = full + Triton kernels, triton_minimal = minimal + Triton kernels
 PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
 TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
-KINDS = ("cold", "warm", "warm_shared", "warm_pre_transformers", "warm_pre_inflect")  # see `startup`
+KINDS = ("cold", "warm", "warm_shared", "warm_pre_inflect")  # see `startup`
 # what a warm_pre_* child imports before its "imported" stamp: the load without that import beside it
 PREIMPORTS = {
-    "warm_pre_transformers": ("transformers", "HubertModel", "BertModel"),
     "warm_pre_inflect": ("inflect",),
 }
 CACHE_VARS = (
@@ -550,7 +549,7 @@ def main() -> None:
     p.add_argument("--skip-startup", action="store_true")
     p.add_argument("--startup-kinds", default="cold,warm", help="cold,warm (own empty caches, then them) or "
                    "warm_shared (one child on this process's caches, filled by the profiles before it); after "
-                   "warm: warm_pre_transformers / warm_pre_inflect (that import done before the load's stamp)")  # fmt: skip
+                   "warm: warm_pre_inflect (that import done before the load's stamp)")  # fmt: skip
     p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
     p.add_argument("--child-timeout", type=float, default=120.0)
     p.add_argument("--out", type=Path)

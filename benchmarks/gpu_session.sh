@@ -76,11 +76,15 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # session 7: each eager acoustic stage at new lengths with cuDNN and without (conv_plan_probe.py)
     convprobe) step conv-probe 150 python3 benchmarks/conv_plan_probe.py --out "$OUT/conv_plan_probe_h200.json"
       step conv-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_eager_conv.py ;;
+    # session 8: our own HuBERT / BERT modules at full size on the GPU, and a CUDA load + request that runs
+    # none of torch's Python kernels (no transformers import any more)
+    ssltests) step ssl-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ssl.py tests/test_bert.py \
+      tests/test_gpt_sovits_meta_build.py ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
         --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-240}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
-    batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 2 \
+    batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 3 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
     acoustictests) step acoustic-tests 110 python3 -m pytest -q -m gpu -p no:cacheprovider \

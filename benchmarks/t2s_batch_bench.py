@@ -36,6 +36,7 @@ event, one per round).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -83,6 +84,28 @@ def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | No
 
 
 @contextmanager
+def counting_gc():
+    """Yields {"n": collections, "s": their seconds, "gen2": full collections} while the block runs: the
+    interpreter's garbage collector pauses every thread (a full collection of a large heap is tens of ms)."""
+    out = {"n": 0, "s": 0.0, "gen2": 0}
+    started = []
+
+    def callback(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            out["n"] += 1
+            out["s"] += time.perf_counter() - started.pop()
+            out["gen2"] += info["generation"] == 2
+
+    gc.callbacks.append(callback)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(callback)
+
+
+@contextmanager
 def counting_syncs(is_on: bool):
     """A list that grows by one per operation blocking on the CUDA device while inside (sync debug mode)."""
     if not is_on:
@@ -117,7 +140,7 @@ def run_level(
 
     handles = [sched.submit(r, on_tokens=on_tokens(i)) for i, r in enumerate(requests)]
     rounds = [(0.0, 0, 0, len(requests), 0)]  # after each pump: (s, steps, active, waiting, syncs)
-    with counting_syncs(count_syncs and engine.device.type == "cuda") as syncs:
+    with counting_syncs(count_syncs and engine.device.type == "cuda") as syncs, counting_gc() as collected:
         is_busy = True
         while is_busy:
             is_busy = sched.pump()
@@ -135,6 +158,7 @@ def run_level(
         "tokens_per_s": n_tokens / wall,
         "per_stream_tokens_per_s": n_tokens / wall / len(requests),
         "n_steps": sched.n_steps,
+        "gc": collected,
         "first_token_s": {
             "p50": statistics.median(firsts),
             "p95": firsts[min(len(firsts) - 1, int(0.95 * len(firsts)))],
@@ -236,7 +260,13 @@ def main() -> None:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--n-tokens", type=int, default=500)
     p.add_argument("--levels", default="1,4,16,64,128")
-    p.add_argument("--reps", type=int, default=3, help="timed runs per level; the median-wall run is kept")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="timed runs per level; the median-wall run is kept "
+        "(of an even count the faster middle one); every run's wall, admission and GC are kept",
+    )
     p.add_argument("--stop-check-interval", type=int, default=8)
     p.add_argument("--poll-lag", type=int, default=1, help="rounds a snapshot waits before it is read")
     p.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS, help="prompts per padded prefill call")
@@ -293,8 +323,10 @@ def main() -> None:
         runs = sorted(
             (run_level(engine, requests[:level], lag) for _ in range(args.reps)), key=lambda r: r["wall_s"]
         )
-        row = runs[len(runs) // 2]
+        row = runs[(len(runs) - 1) // 2]  # the median run (of an even count, the faster of the middle two)
         row["wall_all_s"] = [r["wall_s"] for r in runs]
+        row["admit_all_s"] = [r["first_token_s"]["max"] for r in runs]
+        row["gc_all"] = [r["gc"] for r in runs]
         sync_run = (
             None if args.no_sync_count or not on_gpu else run_level(engine, requests[:level], lag, True)
         )
@@ -319,7 +351,7 @@ def main() -> None:
     }  # fmt: skip
     info["warmups"] = (
         "capture at load (preset full), one 4-stream run, one run of every stream for 9 tokens; median of --reps "
-        "runs per level; then per level one "
+        "runs per level (every run's wall, admission and garbage collections in *_all); then per level one "
         "untimed sync-counting run and the replay-only decode (breakdown)"
     )
     info["arrival"] = "closed loop: every stream of a level submitted at once"
@@ -358,6 +390,10 @@ def main() -> None:
             f" {num(b.get('steady_over_replay'), '13.3f')} {num(b['wall_over_replay'], '11.3f')}"
             f" {num(syncs.get('steady_per_step'), '10.3f')} {b['host_reads_per_step']:10.3f}"
         )
+    for r in rows:
+        gcs = " ".join(f"{g['n']}/{g['gen2']}/{g['s'] * 1e3:.0f}ms" for g in r["gc_all"])
+        admits = " ".join(f"{a:.3f}" for a in r["admit_all_s"])
+        print(f"{r['n_streams']:7d} admit_s per run: {admits}; gc (collections/full/time) per run: {gcs}")
     print("capture:", round(capture_s, 2), "s;", result["n_graphs"], "graphs")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
