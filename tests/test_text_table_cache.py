@@ -1,5 +1,5 @@
 """On-disk text tables (text/table_cache.py) and the English frontend's fast start: the cached dictionary,
-the own tokenizer and the lazily read inflect and wordsegment give exactly what the library path gives."""
+the own tokenizer and the lazily read wordsegment give exactly what the library path gives."""
 
 from __future__ import annotations
 
@@ -160,8 +160,9 @@ def test_the_fast_frontend_reads_as_the_library_path(library_table, monkeypatch)
     assert [library.g2p(t) for t in texts] == got
 
 
-def test_text_without_digits_reads_neither_inflect_nor_nltk(cache):
-    """A fresh process: a digit-free English sentence imports neither; a number then imports inflect."""
+def test_english_text_reads_neither_inflect_nor_nltk(cache):
+    """A fresh process: neither a digit-free English sentence nor one with a number imports them
+    (numbers are read by number_words.py)."""
     code = (
         "import sys\n"
         "from voicehub.text.frontend import TextFrontend\n"
@@ -173,4 +174,4 @@ def test_text_without_digits_reads_neither_inflect_nor_nltk(cache):
     )
     env = dict(os.environ, VOICEHUB_CACHE=str(cache))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split("\n")[:2] == ["[]", "['inflect']"]
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"]

@@ -5,7 +5,7 @@ What a first request would otherwise pay, and where it moves:
   the on-disk table cache; Chinese its jieba dictionary in ~1.5 s): built and run on a short text for the
   languages of the default voice's transcript, and English (every language mode reads Latin letters as
   English, and requests default to `auto`), on a thread while the weights load; the same thread then
-  reads what only some text needs (English: inflect for numbers ~2.4 s, wordsegment ~0.5 s), while the
+  reads what only some text needs (English: wordsegment's tables ~0.5 s), while the
   main thread applies optimizations, captures graphs and warms the voice; the load waits for it at the
   end, so a first request pays neither;
 - the default voice's reference features (HuBERT, the quantizer, SoVITS's reference encoder): computed

@@ -8,8 +8,8 @@ download NLTK data. Without NLTK's POS tagger (not installable offline) a homogr
 reading, which is what upstream does for an empty tag.
 
 What only some text needs is read on first use: wordsegment's tables (~0.5 s) when an unknown word is
-split, inflect (normalize.py) when the text has digits. `EnglishG2P.load_deferred` reads both up front
-(the model's load-time warm-up calls it), so a first request does not.
+split. `EnglishG2P.load_deferred` reads them up front (the model's load-time warm-up calls it), so a
+first request does not.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from voicehub.errors import MissingDependencyError
-from voicehub.text.en.normalize import expand_english, load_number_reader
+from voicehub.text.en.normalize import expand_english
 from voicehub.text.en.tokenize import tokenize
 from voicehub.text.symbols import PUNCTUATION, is_symbol
 from voicehub.text.table_cache import cached_table, file_digest
@@ -176,8 +176,7 @@ class EnglishG2P:
 
     @staticmethod
     def load_deferred() -> None:
-        """Read now what some text reads on first use: the number reader (inflect) and wordsegment."""
-        load_number_reader()
+        """Read now what some text reads on first use: wordsegment's tables."""
         _segmenter()
 
     def normalize(self, text: str) -> str:

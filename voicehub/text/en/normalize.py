@@ -1,19 +1,14 @@
 """English text normalisation: numbers, money, times, units, fractions (upstream en_normalization).
 
-inflect reads numbers out; it is imported on the first text with a digit, not with this module: its
-import takes ~2.4 s (typeguard's @typechecked recompiles its methods from source), which text without
-numbers need not pay. `load_number_reader` imports it up front (the model's load-time warm-up does).
+Numbers are read as upstream reads them with inflect, by number_words.py (inflect's import costs ~2.4 s).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 import unicodedata
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import inflect
+from voicehub.text.en import number_words as numwords
 
 _UNITS = {
     "m": ("meter", "meters"),
@@ -48,18 +43,6 @@ _ASMD_WORDS = {"+": " plus ", "-": " minus ", "×": " times ", "÷": " divided b
 _NEGATIVE_RE = re.compile(r"(?:^|\s+)(-)(\d+)")
 
 
-@functools.cache
-def _engine() -> inflect.engine:
-    import inflect
-
-    return inflect.engine()
-
-
-def load_number_reader() -> None:
-    """Import inflect and run it once now, instead of on the first text with a digit."""
-    _engine().number_to_words(12)
-
-
 def _currency(amount: str, units: tuple[str, str, str, str], default_unit: str) -> str:
     """'6.24' with (dollar, dollars, cent, cents) -> '6 dollars and 24 cents' (digits read later)."""
     one, many, sub_one, sub_many = units
@@ -88,10 +71,10 @@ def _time(m: re.Match) -> str:
     hours, minutes = int(m.group(1)), int(m.group(2))
     period = "a.m." if hours < 12 else "p.m."
     hours = hours - 12 if hours > 12 else hours
-    hour_word = _engine().number_to_words(hours)
+    hour_word = numwords.cardinal(hours)
     if minutes == 0:
         return f"{hour_word} o'clock {period}"
-    return f"{hour_word} {_engine().number_to_words(minutes)} {period}"
+    return f"{hour_word} {numwords.cardinal(minutes)} {period}"
 
 
 def _measure(m: re.Match) -> str:
@@ -108,32 +91,31 @@ def _decimal(m: re.Match) -> str:
 
 def _fraction(m: re.Match) -> str:
     numerator, denominator = map(int, m.group(0).split("/"))
-    top = _engine().number_to_words(numerator)
+    top = numwords.cardinal(numerator)
     if denominator == 2:
         return f"{top} {'half' if numerator == 1 else 'halves'}"
     if denominator == 1:
         return top
-    bottom = _engine().ordinal(_engine().number_to_words(denominator))
+    bottom = numwords.ordinal(denominator)
     return f"{top} {bottom}{'s' if numerator > 1 else ''}"
 
 
 def _number(m: re.Match) -> str:
     num = int(m.group(0))
-    engine = _engine()
     if not 1000 < num < 3000:
-        return engine.number_to_words(num, andword="")
+        return numwords.cardinal(m.group(0), andword="")
     if num == 2000:
         return "two thousand"
     if 2000 < num < 2010:
-        return "two thousand " + engine.number_to_words(num % 100)
+        return "two thousand " + numwords.cardinal(num % 100)
     if num % 100 == 0:
-        return engine.number_to_words(num // 100) + " hundred"
-    return engine.number_to_words(num, andword="", zero="oh", group=2).replace(", ", " ")  # years
+        return numwords.cardinal(num // 100) + " hundred"
+    return numwords.year(num)
 
 
 def expand_english(text: str) -> str:
     """Numbers and symbols -> words; keeps only letters, spaces and ' . , ? ! -; splits CamelCase."""
-    text = _ORDINAL_LIST_RE.sub(lambda m: _engine().ordinal(m.group(1)) + ", ", text)
+    text = _ORDINAL_LIST_RE.sub(lambda m: numwords.ordinal_digits(m.group(1)) + ", ", text)
     while _ASMD_RE.search(text):
         text = _ASMD_RE.sub(lambda m: m.group(1) + _ASMD_WORDS[m.group(8)] + m.group(9), text)
     text = _NEGATIVE_RE.sub(lambda m: f"negative {m.group(2)}", text)
@@ -146,7 +128,7 @@ def expand_english(text: str) -> str:
     text = _DOLLARS_AFTER_RE.sub(_dollars, text)
     text = _DECIMAL_RE.sub(_decimal, text)
     text = _FRACTION_RE.sub(_fraction, text)
-    text = _ORDINAL_RE.sub(lambda m: _engine().number_to_words(m.group(0)), text)
+    text = _ORDINAL_RE.sub(lambda m: numwords.ordinal(m.group(0)[:-2]), text)
     text = _NUMBER_RE.sub(_number, text)
     text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
     text = text.replace("%", " percent")
