@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -350,16 +351,21 @@ class AcousticGraphs:
         (the SoVITS model) `encoder_load_keys`; returns what was captured."""
         cfm_keys, frames = self.load_time_shapes(prompt_frames)
         encoder_keys = self.encoder_load_keys() if encoder is not None else []
+        seconds = {}
         with self._lock:
+            t0 = time.perf_counter()
             for key in encoder_keys:
                 self.encoder_of(encoder).capture(key)
+            t1 = time.perf_counter()
             for n_steps in COMMON_SAMPLE_STEPS:
                 for key in cfm_keys:
                     self.cfm.capture(n_steps, key)
+            t2 = time.perf_counter()
             for n in frames:
                 self.vocoder.capture(n)
+            seconds = {"encoder": t1 - t0, "cfm": t2 - t1, "vocoder": time.perf_counter() - t2}
         return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames,
-                "encoder_keys": encoder_keys}  # fmt: skip
+                "encoder_keys": encoder_keys, "capture_s": seconds}  # fmt: skip
 
     def info(self) -> dict[str, Any]:
         """JSON-ready: the preset and what is captured now."""

@@ -150,8 +150,9 @@ def warm_cuda(device: torch.device, timeline: LoadTimeline) -> None:
         torch.cuda.synchronize(device)
 
 
-def warm_chain(pipe: Pipeline, voice: Voice) -> None:
-    """The voice's transcript as one sentence through the per-sentence path and the streamed path."""
+def warm_chain(pipe: Pipeline, voice: Voice, timeline: LoadTimeline) -> None:
+    """The voice's transcript as one sentence through the per-sentence path and the streamed path
+    (phases `voice.chain_sentence`, `voice.chain_stream`)."""
     ref = pipe.reference(voice)
     sentence = pipe.text_features(ref.prompt_text, voice.prompt_language)
     if sentence is None:
@@ -159,9 +160,11 @@ def warm_chain(pipe: Pipeline, voice: Voice) -> None:
     params = GptSovitsParams.build(
         "fast", force_n_tokens=WARM_TOKENS, stream_chunk_tokens=WARM_CHUNK_TOKENS, seed=0
     )
-    pipe.synthesize_sentence(ref, sentence, params, seed=0)
-    for _ in pipe.stream_sentence(ref, sentence, params, seed=0):
-        pass
+    with timeline.phase("voice.chain_sentence"):
+        pipe.synthesize_sentence(ref, sentence, params, seed=0)
+    with timeline.phase("voice.chain_stream"):
+        for _ in pipe.stream_sentence(ref, sentence, params, seed=0):
+            pass
 
 
 def warm_voice(pipe: Pipeline, voice: Voice | None, timeline: LoadTimeline | None = None) -> dict[str, Any]:
@@ -184,6 +187,5 @@ def warm_voice(pipe: Pipeline, voice: Voice | None, timeline: LoadTimeline | Non
             captured = pipe.acoustic_graphs.capture_at_load(prompt_frames, encoder=pipe.sovits)
         report["acoustic_graphs"] = {**captured, "seconds": time.perf_counter() - t1}
     if report["chain"]:
-        with timeline.phase("voice.chain"):
-            warm_chain(pipe, voice)
+        warm_chain(pipe, voice, timeline)
     return {**report, "voice_s": time.perf_counter() - t0}
