@@ -33,10 +33,12 @@ interpreter, with empty Triton/Inductor/CUDA caches (fresh temp dirs), then agai
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
 import platform
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -69,7 +71,8 @@ PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs awa
 # graph presets; triton = full + Triton kernels, triton_minimal = minimal + Triton kernels
 PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
 TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
-KINDS = ("cold", "warm", "warm_shared")  # see `startup`
+KINDS = ("cold", "warm", "warm_profiled", "warm_shared")  # see `startup`
+PROFILE_TOP = 45  # functions kept per ordering in a warm_profiled child's `load_profile`
 CACHE_VARS = (
     "TRITON_CACHE_DIR",
     "TORCHINDUCTOR_CACHE_DIR",
@@ -334,6 +337,21 @@ def run_profile(profile: str, set_dir: Path, voices: tuple, args) -> dict:
     return row
 
 
+def profile_top(profiler: cProfile.Profile) -> dict:
+    """The load's main-thread profile: the PROFILE_TOP functions by cumulative and by own time, each
+    [file:line(function), calls, own s, cumulative s]. cProfile slows Python-heavy code: read it as shares."""
+    stats = pstats.Stats(profiler)
+    rows = [
+        (f"{Path(f).name}:{line}({name})", calls, own, cum)
+        for (f, line, name), (_, calls, own, cum, _) in stats.stats.items()  # type: ignore[attr-defined]
+    ]
+    rounded = lambda r: [r[0], r[1], round(r[2], 4), round(r[3], 4)]  # noqa: E731
+    return {
+        "by_cumulative": [rounded(r) for r in sorted(rows, key=lambda r: -r[3])[:PROFILE_TOP]],
+        "by_own": [rounded(r) for r in sorted(rows, key=lambda r: -r[2])[:PROFILE_TOP]],
+    }
+
+
 def child(args) -> None:
     """The subprocess: load the set, stream the first chunk, print wall-clock stamps as one JSON line."""
     stamps = {"child_main": time.time()}
@@ -342,11 +360,18 @@ def child(args) -> None:
     stamps["imported"] = time.time()
     # The voice is the model's default voice, warmed up at load, as a server configures it.
     voice = Voice(args.reference, PROMPT_TEXT, "en")
+    profiler = cProfile.Profile() if args.profile_load else None
+    if profiler is not None:
+        profiler.enable()
     model, manifest = load_profile(
         args.set_dir, args.device, args.dtype, args.child, strict=False, voice=voice
     )
+    if profiler is not None:
+        profiler.disable()
     row: dict = {"optimization_error": manifest.get("error")} if manifest else {}
     stamps["loaded"] = time.time()
+    if profiler is not None:
+        row["load_profile"] = profile_top(profiler)
     row["warm_up"] = getattr(model, "warm_up_info", None)
     row.update(first_audio(model, voice, TEXTS["short"], args.device, args.stream_window))
     stamps["first_audio"] = time.time()
@@ -377,7 +402,10 @@ def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
     for kind in args.startup_kinds:
         try:
             t0 = time.time()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout)
+            extra = ["--profile-load"] if kind == "warm_profiled" else []
+            proc = subprocess.run(
+                cmd + extra, env=env, capture_output=True, text=True, timeout=args.child_timeout
+            )
             lines = [x for x in proc.stdout.splitlines() if x.startswith("CHILD ")]
             if proc.returncode != 0 or not lines:
                 raise RuntimeError(f"child exit {proc.returncode}: {proc.stderr[-2000:]}")
@@ -534,7 +562,9 @@ def main() -> None:
                         "and the subprocess); none: one chunk per sentence")  # fmt: skip
     p.add_argument("--skip-startup", action="store_true")
     p.add_argument("--startup-kinds", default="cold,warm", help="cold,warm (own empty caches, then them) or "
-                   "warm_shared (one child on this process's caches, filled by the profiles before it)")  # fmt: skip
+                   "warm_shared (one child on this process's caches, filled by the profiles before it); warm_profiled: "
+                   "a warm child whose load runs under cProfile (its top functions in load_profile)")  # fmt: skip
+    p.add_argument("--profile-load", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--set-dir", type=Path, default=None, help="default: /tmp/gpt_sovits_v3_<size>")
     p.add_argument("--child-timeout", type=float, default=120.0)
     p.add_argument("--out", type=Path)
