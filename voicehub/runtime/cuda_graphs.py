@@ -55,10 +55,9 @@ class BucketedGraphRunner:
     """Owns the graphs of one step function over `buckets`.
 
     step(bucket) -> outputs: reads and writes only static tensors the owner allocated once, so
-    replays see the caller's latest inputs. `warmup_calls` eager calls (default one) on a side stream
-    precede each capture there, as CUDA graph capture requires (lazy cuBLAS/cuDNN/Triton initialisation
-    must be done: one call does it); they run the step for real, so the owner resets its state after
-    capture at load.
+    replays see the caller's latest inputs. `warmup_calls` eager calls on a side stream precede
+    each capture, as CUDA graph capture requires (lazy cuBLAS/cuDNN initialisation must be done);
+    they run the step for real, so the owner resets its state after capture at load.
     generators: device RNGs the step draws from; registered with every graph so each replay
     advances them as an eager call would (and reseeding them between replays takes effect).
     preserve: a context-manager factory wrapped around the warm-up calls, for owners whose step
@@ -72,7 +71,7 @@ class BucketedGraphRunner:
         preset: GraphPreset | str,
         device: torch.device,
         common_buckets: Sequence[Hashable] = (),
-        warmup_calls: int = 1,
+        warmup_calls: int = 2,
         generators: Sequence[torch.Generator] = (),
         preserve: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ):
@@ -116,20 +115,12 @@ class BucketedGraphRunner:
         with torch.cuda.stream(side), self.preserve():
             for _ in range(self.warmup_calls):
                 self.step(bucket)
+        torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         for gen in self.generators:
             graph.register_generator_state(gen)
-        # Captured on the warm-up's side stream, which follows the current one. `torch.cuda.graph()` would
-        # also synchronize the device and empty the allocator's caches before each capture (so the next
-        # allocations go back to cudaMalloc): ~30 ms a capture, 22 captures in a load (e2e_bench's
-        # `warm_profiled` child), and nothing a capture on a side stream needs.
-        with torch.cuda.stream(side):
-            graph.capture_begin(*(() if self._pool is None else (self._pool,)))
-            try:
-                outputs = self.step(bucket)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.step(bucket)
         if self._pool is None:
             self._pool = graph.pool()
         captured = _Captured(graph, outputs)

@@ -126,7 +126,7 @@ class EncoderGraphs:
             ]  # fmt: skip
             step = lambda key: self._step((*key, speed))  # noqa: E731
             # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
-            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device)
+            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
             self.runners[speed] = runner
         return runner
 
@@ -264,7 +264,7 @@ class EncoderRowGraphs:
             ]  # fmt: skip
             step = lambda key: self._step((*key, speed))  # noqa: E731
             # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
-            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device)
+            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
             self.runners[speed] = runner
         return runner
 
