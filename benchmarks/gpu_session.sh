@@ -80,6 +80,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # none of torch's Python kernels (no transformers import any more)
     ssltests) step ssl-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ssl.py tests/test_bert.py \
       tests/test_gpt_sovits_meta_build.py ;;
+    # every GPU test of a path that captures graphs (BucketedGraphRunner), for a change to the capture itself
+    graphtests) step graph-tests "${GRAPHTESTS_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_cuda_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_gpt_sovits_decoder.py \
+      tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_gpu.py tests/test_gpt_sovits_serving_gpu.py \
+      tests/test_gpt_sovits_streaming.py tests/test_t2s_prefill.py tests/test_t2s_runner.py tests/test_t2s_row_engine.py \
+      tests/test_t2s_batching.py tests/test_optimization_gpt_sovits.py tests/test_gpt_sovits_meta_build.py ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
