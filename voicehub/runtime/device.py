@@ -36,14 +36,3 @@ def resolve_dtype(dtype: str | torch.dtype | None, default: torch.dtype) -> torc
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def disable_cudnn_attention() -> dict[str, bool]:
-    """Leave cuDNN out of torch's `scaled_dot_product_attention` backends (flash, memory-efficient and math
-    remain). On Hopper torch prefers cuDNN attention, which builds an execution plan on the host for each
-    new shape, per thread: every eager attention call at a new length (HuBERT and BERT on a reference,
-    the DiT and T2S prefill warm-ups before their captures, a sentence's first length) pays it; under
-    cProfile a GPT-SoVITS load spent 0.58 s inside SDPA (`e2e_startup_h200.json`, `load_profile`).
-    Process-wide, as torch's flag is. Returns what was set, for the load's report."""
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    return {"cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled()}

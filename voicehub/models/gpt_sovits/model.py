@@ -36,7 +36,6 @@ from voicehub.optimization.apply import OptimizationResult
 from voicehub.optimization.config import OptimizationContext, TTSOptimizationConfig
 from voicehub.optimization.mixin import PENDING_ATTR
 from voicehub.runtime.cuda_graphs import GraphPreset
-from voicehub.runtime.device import disable_cudnn_attention
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.limits import check_text
 from voicehub.types import AudioChunk
@@ -259,14 +258,12 @@ class GptSovitsModel(TTSModel):
         # A main-thread phase syncs the GPU only once the runtime thread has made the context (waiting
         # for it there would bill the context to whichever phase ended first).
         timeline = LoadTimeline(sync=(lambda: _sync_if_initialized(self.device)) if cuda else None)
-        attention = disable_cudnn_attention() if cuda else {}  # before any attention call builds a plan
         voice = self._load_time_voice()
         # One runtime thread: the CUDA context, beside the weight reads. Its errors surface after the
         # pipeline is built.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-runtime-warm-up") as runtime:
             runtime_jobs = [runtime.submit(warm_cuda, self.device, timeline)] if cuda else []
             self._load_with_text_thread(timeline, voice, runtime_jobs)
-        self.warm_up_info["load"].update(attention)
 
     def _load_with_text_thread(
         self, timeline: LoadTimeline, voice: Voice | None, runtime_jobs: list[Future]
