@@ -10,13 +10,13 @@ from voicehub.errors import CheckpointError, ModelNotFoundError
 from voicehub.models.gpt_sovits.bert import (
     FULL_VOCAB_SIZE,
     BertFeatureExtractor,
-    BertTokenizer,
     bert_config,
     is_bert_language,
     make_bert_folder,
     make_vocab,
     phone_bert_features,
 )
+from voicehub.text.bert_tokenizer import BertTokenizer
 
 transformers = pytest.importorskip("transformers")
 TEXT = "你好，世界。"
@@ -89,6 +89,11 @@ def test_token_ids_equal_transformers_tokenizer(tmp_path, bert_dir, keep, lower)
     got = BertTokenizer(folder)
     for text in MIXED:
         assert got(text) == want(text)["input_ids"], text
+        tokens = got.tokenize(text)  # G2PW's use: tokens word by word, then their ids
+        assert tokens == want.tokenize(text), text
+        assert got.convert_tokens_to_ids([*tokens, "notatoken"]) == want.convert_tokens_to_ids(
+            [*tokens, "notatoken"]
+        )
     assert len(got) == len(vocab)
     assert got("hello world")[1:-1] == [vocab.index("hello"), vocab.index("world")]
 

@@ -6,7 +6,7 @@ layer), drop [CLS]/[SEP], repeat each character's vector `word2ph[i]` times -> [
 whose language is not Chinese (`zh` / `all_zh`) get zeros. We run the encoder (`BertModel`) without the
 masked-LM head: hidden states are identical and the 21128-way logits upstream computes are never used.
 The encoder is our own module (bert_model.py) on transformers' tensor names, the tokenizer a `tokenizers`
-WordPiece pipeline built as transformers' `BertTokenizerFast` builds it (see `BertTokenizer`).
+WordPiece pipeline built as transformers' `BertTokenizerFast` builds it (text/bert_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from voicehub.errors import CheckpointError, ModelNotFoundError
+from voicehub.errors import ModelNotFoundError
 from voicehub.models.gpt_sovits import bert_model
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.ssl import find_weights, load_module, read_config, read_weights
 from voicehub.models.gpt_sovits.weights import meta_device
+from voicehub.text.bert_tokenizer import BertTokenizer
 
 BERT_FOLDER = "chinese-roberta-wwm-ext-large"  # its name inside upstream's pretrained_models/
 BERT_FEATURE_DIM = 1024  # hidden size of chinese-roberta-wwm-ext-large; the T2S bert_proj input
@@ -36,11 +37,6 @@ CONFIG_DEFAULTS = {
     "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
     "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
     "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",
-}  # fmt: skip
-# tokenizer_config.json keys transformers' BertTokenizerFast reads, with its defaults
-TOKENIZER_DEFAULTS = {
-    "do_lower_case": True, "tokenize_chinese_chars": True, "strip_accents": None,
-    "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
 }  # fmt: skip
 
 
@@ -77,63 +73,6 @@ def encoder_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if key not in IGNORED_KEYS:
             out[key] = value
     return out
-
-
-def _token_setting(config: dict, key: str) -> str | bool | None:
-    value = config.get(key, TOKENIZER_DEFAULTS[key])
-    # special tokens may be saved as AddedToken dicts ({"content": "[CLS]", ...})
-    return value.get("content") if isinstance(value, dict) else value
-
-
-class BertTokenizer:
-    """Text -> token ids [CLS] ... [SEP], as transformers' BertTokenizerFast: the folder's vocabulary
-    (tokenizer.json's WordPiece vocab, else vocab.txt), BERT's normaliser with the folder's
-    tokenizer_config.json settings (transformers' defaults: lower case, Chinese characters split, accents
-    as lower case says), BERT's pre-tokeniser, WordPiece with `##` continuations. No truncation."""
-
-    def __init__(self, folder: Path):
-        from tokenizers import Tokenizer, normalizers, pre_tokenizers
-        from tokenizers.models import WordPiece
-
-        settings = {}
-        if (folder / "tokenizer_config.json").is_file():
-            settings = read_config(folder / "tokenizer_config.json", {})
-        unk = _token_setting(settings, "unk_token")
-        vocab = self._vocab(folder)
-        self._tokenizer = Tokenizer(WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##"))
-        self._tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True,
-            handle_chinese_chars=_token_setting(settings, "tokenize_chinese_chars"),
-            strip_accents=_token_setting(settings, "strip_accents"),
-            lowercase=_token_setting(settings, "do_lower_case"),
-        )
-        self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        special = [_token_setting(settings, key) for key in ("cls_token", "sep_token", "unk_token")]
-        missing = [token for token in special if token not in vocab]
-        if missing:
-            raise CheckpointError(f"the BERT vocabulary in {str(folder)!r} lacks {missing}")
-        self.cls_id, self.sep_id = vocab[special[0]], vocab[special[1]]
-        self._size = len(vocab)
-
-    def __len__(self) -> int:
-        return self._size
-
-    @staticmethod
-    def _vocab(folder: Path) -> dict[str, int]:
-        if (folder / "tokenizer.json").is_file():
-            model = read_config(folder / "tokenizer.json", {}).get("model", {})
-            if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
-                raise CheckpointError(f"{str(folder / 'tokenizer.json')!r} holds no WordPiece vocabulary")
-            return model["vocab"]
-        try:
-            lines = (folder / "vocab.txt").read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"cannot read {str(folder / 'vocab.txt')!r}: {exc}") from exc
-        return {token: i for i, token in enumerate(lines)}  # one token a line; its line number is its id
-
-    def __call__(self, text: str) -> list[int]:
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
-        return [self.cls_id, *ids, self.sep_id]
 
 
 class BertFeatureExtractor(torch.nn.Module):

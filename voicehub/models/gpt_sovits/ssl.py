@@ -26,6 +26,7 @@ from voicehub.models.checkpoints import rename_weight_norm
 from voicehub.models.gpt_sovits import hubert_model
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
 from voicehub.models.gpt_sovits.weights import Builder, assign_strict, meta_device, rebuild_missing
+from voicehub.text.bert_tokenizer import read_json_object
 
 HUBERT_SAMPLE_RATE = 16000  # Hz, what chinese-hubert-base was trained on
 HUBERT_FOLDER = "chinese-hubert-base"  # its name inside upstream's pretrained_models/
@@ -50,13 +51,7 @@ def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> in
 def read_config(path: Path, defaults: Mapping[str, Any]) -> dict[str, Any]:
     """A folder's config.json over `defaults` (the values transformers' config class gives a key the file
     leaves out); an unreadable file raises CheckpointError."""
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {str(path)!r}: {exc}") from exc
-    if not isinstance(values, dict):
-        raise CheckpointError(f"{str(path)!r} holds a {type(values).__name__}, not a JSON object")
-    return {**defaults, **values}
+    return {**defaults, **read_json_object(path)}
 
 
 def load_module(

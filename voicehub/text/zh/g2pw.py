@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from voicehub.errors import MissingDependencyError, ModelNotFoundError
+from voicehub.text.bert_tokenizer import BertTokenizer
 from voicehub.text.zh.g2pw_input import encode_queries
 from voicehub.text.zh.normalize import to_simplified
 
@@ -148,18 +149,15 @@ class G2PWReader:
     def _load(bert_dir: Path, onnx_path: Path, providers: Sequence[str]):
         try:
             import onnxruntime
-            import transformers
             from opencc import OpenCC
         except ImportError as exc:
-            raise MissingDependencyError(
-                f"G2PW needs onnxruntime, opencc and transformers ({exc}): {_INSTALL}"
-            ) from exc
+            raise MissingDependencyError(f"G2PW needs onnxruntime and opencc ({exc}): {_INSTALL}") from exc
         if not any((bert_dir / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
             raise ModelNotFoundError(
                 f"bert_dir {str(bert_dir)!r} has no tokenizer.json or vocab.txt: G2PW reads the tokenizer of "
                 "GPT_SoVITS/pretrained_models/chinese-roberta-wwm-ext-large"
             )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(bert_dir), local_files_only=True)
+        tokenizer = BertTokenizer(bert_dir)  # what upstream's AutoTokenizer reads from that folder
         options = onnxruntime.SessionOptions()
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
