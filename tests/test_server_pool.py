@@ -29,3 +29,29 @@ def test_lru_unloads_to_fit_the_budget_and_keeps_pinned_models():
     big = ModelSpec("big", factory="x", memory_mb=90)
     with pytest.raises(ServerError, match="over the memory budget"):
         pool.get(big, pinned=frozenset({"a", "b"}))
+
+
+class _Cyclic(SineModel):
+    """A model whose objects form a reference cycle, as module trees with hooks or back-references do."""
+
+    def __init__(self):
+        super().__init__()
+        self.me = self
+
+
+def test_a_loaded_model_is_frozen_out_of_the_collector_and_an_unloaded_one_is_collected():
+    import gc
+    import weakref
+
+    pool = ModelPool(lambda spec: _Cyclic())
+    spec = ModelSpec("cyclic", factory="x")
+    try:
+        ref = weakref.ref(pool.get(spec))
+        assert gc.get_freeze_count() > 0 and ref() is not None
+        frozen_before = gc.get_freeze_count()
+        pool.unload("cyclic")
+        # the cycle was frozen: only the thaw in unload lets the collector free it
+        assert ref() is None
+        assert gc.get_freeze_count() <= frozen_before
+    finally:
+        gc.unfreeze()

@@ -13,6 +13,7 @@ batches all its streams (server/batching.py), and steps every busy engine once p
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import threading
@@ -33,7 +34,7 @@ from voicehub.server.errors import (
     status_of,
 )
 from voicehub.server.metrics import Metrics
-from voicehub.server.pool import ModelPool
+from voicehub.server.pool import ModelPool, freeze_long_lived
 from voicehub.types import AudioChunk
 from voicehub.voices import REFERENCE_FAMILIES
 
@@ -148,6 +149,7 @@ class Worker:
         """Cancel what is left and end the thread (after the HTTP server has drained its streams)."""
         self._stop.set()
         self._thread.join(timeout)
+        gc.unfreeze()  # what the pool froze can be collected again once this worker's models go
 
     def queue_depth(self) -> int:
         return self._queue.qsize()
@@ -170,6 +172,7 @@ class Worker:
                 if self._batches(model) and getattr(model, "is_runtime_loaded", True):
                     self.batched.engine_for(spec, model)  # graph capture now, not on the first request
                 self._warm_up(spec, model)
+            freeze_long_lived()  # what the warm-ups built (graphs, engines, caches) joins the models
             self.ready.set()
         except Exception as exc:  # the worker keeps serving models that do load; /ready says why not
             self.startup_error = f"preloading failed: {type(exc).__name__}: {exc}"
