@@ -10,7 +10,6 @@ the last two layers of 24 are loaded, as the file holds them, and never run).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voicehub.errors import CheckpointError
+from voicehub.models.gpt_sovits import encoder_parts
 
 SUPPORTED: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("gelu",),
@@ -30,13 +29,7 @@ SUPPORTED: dict[str, tuple[Any, ...]] = {
 
 def check_config(config: Mapping[str, Any], source: str) -> None:
     """Raise CheckpointError naming each config.json value this module does not implement."""
-    wrong = [
-        f"{key}={config[key]!r} (supported: {', '.join(map(repr, allowed))})"
-        for key, allowed in SUPPORTED.items()
-        if key in config and config[key] not in allowed
-    ]
-    if wrong:
-        raise CheckpointError(f"{source}: a BERT this runtime does not implement: {'; '.join(wrong)}")
+    encoder_parts.check_config(config, SUPPORTED, source, "BERT")
 
 
 class Embeddings(nn.Module):
@@ -69,12 +62,7 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, c = x.shape
-        q, k, v = (
-            proj(x).view(b, n, self.heads, -1).transpose(1, 2) for proj in (self.query, self.key, self.value)
-        )
-        y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(c // self.heads))
-        return y.transpose(1, 2).reshape(b, n, c)
+        return encoder_parts.attend(x, self.query, self.key, self.value, self.heads)
 
 
 class DenseNorm(nn.Module):

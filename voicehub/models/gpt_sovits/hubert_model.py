@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voicehub.errors import CheckpointError
+from voicehub.models.gpt_sovits import encoder_parts
 
 # config.json value -> what this module requires of it (key, allowed values)
 SUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -37,13 +37,7 @@ SUPPORTED: dict[str, tuple[Any, ...]] = {
 
 def check_config(config: Mapping[str, Any], source: str) -> None:
     """Raise CheckpointError naming each config.json value this module does not implement."""
-    wrong = [
-        f"{key}={config[key]!r} (supported: {', '.join(map(repr, allowed))})"
-        for key, allowed in SUPPORTED.items()
-        if key in config and config[key] not in allowed
-    ]
-    if wrong:
-        raise CheckpointError(f"{source}: a HuBERT this runtime does not implement: {'; '.join(wrong)}")
+    encoder_parts.check_config(config, SUPPORTED, source, "HuBERT")
 
 
 class ConvLayer(nn.Module):
@@ -135,13 +129,7 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = (
-            proj(x).view(b, t, self.heads, -1).transpose(1, 2)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
-        y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(c // self.heads))
-        return self.out_proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.out_proj(encoder_parts.attend(x, self.q_proj, self.k_proj, self.v_proj, self.heads))
 
 
 class FeedForward(nn.Module):
