@@ -124,6 +124,22 @@ def test_config_this_module_does_not_implement_is_refused(tmp_path, bert_dir, ke
         BertFeatureExtractor.from_folder(folder)
 
 
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_tensor_names_and_shapes_are_transformers(size):
+    # the published file is a BertForMaskedLM dump: bert.* (our module's names) and the cls.* head
+    from voicehub.models.gpt_sovits.bert_model import BertModel
+
+    config = bert_config(size, len(make_vocab("tiny")))
+    with torch.device("meta"):
+        ours = {k: tuple(v.shape) for k, v in BertModel(config).state_dict().items()}
+        theirs = transformers.BertForMaskedLM(transformers.BertConfig(**config)).state_dict()
+    encoder = {k.removeprefix("bert."): tuple(v.shape) for k, v in theirs.items() if k.startswith("bert.")}
+    encoder = {
+        k: v for k, v in encoder.items() if k not in ("embeddings.position_ids", "embeddings.token_type_ids")
+    }
+    assert ours == encoder
+
+
 def test_non_chinese_segments_get_zeros(bert):
     for lang in ("en", "ja", "all_ja", "ko", "yue", "all_yue"):
         out = phone_bert_features(bert, lang, "hello", None, 7)

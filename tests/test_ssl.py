@@ -37,6 +37,27 @@ def test_official_layout_files(hubert_dir):
     assert "encoder.pos_conv_embed.conv.weight_g" in keys and "encoder.pos_conv_embed.conv.weight_v" in keys
 
 
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_tensor_names_and_shapes_are_transformers(size):
+    # the published file is transformers' HubertModel state dict (weight norm as weight_g / weight_v)
+    from voicehub.models.gpt_sovits.hubert_model import HubertModel
+
+    config = hubert_config(size)
+    with torch.device("meta"):
+        ours = {k: tuple(v.shape) for k, v in HubertModel(config).state_dict().items()}
+        theirs = transformers.HubertModel(transformers.HubertConfig(**config)).state_dict()
+    names = {
+        ".parametrizations.weight.original0": ".weight_g",
+        ".parametrizations.weight.original1": ".weight_v",
+    }
+    renamed = {}
+    for key, value in theirs.items():
+        for new, old in names.items():
+            key = key.replace(new, old)
+        renamed[key] = tuple(value.shape)
+    assert ours == renamed
+
+
 def test_upstream_padding_is_9600_samples_for_v3():
     # upstream: np.zeros(int(hps.data.sampling_rate * 0.3)) appended to the 16 kHz audio; v3 data rate 32 kHz
     assert reference_pad_samples(32000) == 9600
