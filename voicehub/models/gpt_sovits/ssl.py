@@ -13,7 +13,6 @@ config.json sizes it and its weights are read and checked here, strictly. Nothin
 from __future__ import annotations
 
 import json
-import logging
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +39,6 @@ HUBERT_OPTIONAL = ("masked_spec_embed",)
 HUBERT_COMPUTED: dict[tuple[str, str], Builder] = {
     ("HubertModel", "masked_spec_embed"): lambda t: torch.zeros(t.shape)
 }
-log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
 def reference_pad_samples(sovits_sample_rate: int = V3_SOVITS_SAMPLE_RATE) -> int:
