@@ -1,7 +1,8 @@
 """What a never-seen length costs each eager acoustic stage, with cuDNN and without (issues 4 and 7).
 
 The per-sentence path and the stream engine's batched encoder run the SoVITS encoder, the CFM's DiT
-and BigVGAN eagerly at shapes no graph holds. `dit_length_probe.py` found that a new length's cost is
+and BigVGAN eagerly at shapes no graph holds; HuBERT runs eagerly at each reference's length (a voice's
+first request, and the load's default voice). `dit_length_probe.py` found that a new length's cost is
 cuDNN building per-shape plans (~27 ms of host time per convolution, ~2 ms per cuDNN attention), not
 GPU work. This probe times, on full-size random v3 weights in fp16, each stage at lengths never seen
 before (first call, then the same length again) in three modes: cuDNN as it is; cuDNN off process-wide
@@ -29,6 +30,7 @@ from bench_meta import event_ms, tree_commit
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.optimization import DIT_OPS, dit_kernels
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3, make_sovits_checkpoint
+from voicehub.models.gpt_sovits.ssl import HUBERT_FRAME_SAMPLES, HubertEncoder, make_hubert_folder
 from voicehub.runtime.eager_conv import aten_convolutions
 from voicehub.runtime.kernels import registry
 
@@ -69,6 +71,9 @@ def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], to
         load_sovits_v3(make_sovits_checkpoint("/tmp/s2v3_full.pth", "full", seed=0)).to(dev).half().eval()
     )
     vocoder = load_bigvgan(make_bigvgan_folder("/tmp/bigvgan_full", "full", seed=0)).to(dev).half().eval()
+    hubert = HubertEncoder.from_folder(
+        make_hubert_folder("/tmp/hubert_full", "full", seed=0), dev, torch.float16
+    )
     dit = sovits.cfm.estimator
     dit.set_kernels(dit_kernels({op: registry.resolve(op, "triton", "cuda") for op in DIT_OPS}))
     g = torch.Generator(device=dev).manual_seed(0)
@@ -95,7 +100,12 @@ def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], to
         mel = torch.randn(1, a.mel_dim, n, device=dev, generator=g).half()
         return lambda: vocoder(mel)
 
-    return {"sovits_encoder": (encoder, 61, 150), "dit": (dit_call, 301, 562), "bigvgan": (bigvgan, 131, 298)}
+    def hubert_call(n: int):  # n output frames of 16 kHz audio (a reference: ~50 frames a second)
+        wav = torch.randn(n * HUBERT_FRAME_SAMPLES + 80, device=dev, generator=g).half() * 0.1
+        return lambda: hubert(wav, pad_samples=0)
+
+    return {"sovits_encoder": (encoder, 61, 150), "dit": (dit_call, 301, 562), "bigvgan": (bigvgan, 131, 298),
+            "hubert": (hubert_call, 251, 300)}  # fmt: skip
 
 
 def main() -> None:
@@ -137,7 +147,7 @@ def main() -> None:
         versions=dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
                       cudnn=torch.backends.cudnn.version(), voicehub_commit=tree_commit() or None),
         precision="float16", sizes="full-size random SoVITS v3 (encoder, DiT with the triton kernel set, "
-        "batch 2) and BigVGAN v2 24 kHz 100-band, batch 1", warmups="1 call a mode before its new lengths; "
+        "batch 2), BigVGAN v2 24 kHz 100-band and chinese-hubert-base, batch 1", warmups="1 call a mode before its new lengths; "
         "3 before the warm GPU time", repetitions="new lengths: 1 first + 1 again; warm GPU: 10, median",
         command=" ".join(["python", *sys.argv]),
     )  # fmt: skip
