@@ -102,7 +102,7 @@ def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, r
 
     monkeypatch.setattr(english.EnglishG2P, "load_deferred", staticmethod(recording))
     model = load(tiny_set, default_voice=Voice(reference_wav, REFERENCE_TEXT, "en"))
-    assert steps == ["start", "done"]  # inflect and wordsegment read during the load, not by a request
+    assert steps == ["start", "done"]  # wordsegment read during the load, not by a request
     info = json.loads(json.dumps(model.describe()["warm_up"]["load"]))  # JSON-ready
     seconds, starts = info["timeline_s"], info["timeline_start_s"]
     threads = {"text_thread.en", "text_thread.en_deferred"}
@@ -117,6 +117,28 @@ def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, r
     # one text thread: the deferred parts after the languages
     assert starts["text_thread.en_deferred"] >= starts["text_thread.en"] + seconds["text_thread.en"] - 1e-3
     assert info["text_deferred_s"] >= seconds["text_thread.en_deferred"] - 1e-3
+
+
+# A fresh process: load with an English default voice, then a request with numbers and a Chinese one.
+NO_IMPORT_SCRIPT = r"""
+import sys
+from voicehub.models.gpt_sovits import Voice, load
+model = load(sys.argv[1], default_voice=Voice(sys.argv[2], sys.argv[3], "en"))
+model.generate("It costs $3.50, on May 21st 1984.", seed=0, force_n_tokens=8, speed=1.0)
+print(sorted({m.split(".")[0] for m in sys.modules} & {"transformers", "inflect"}))
+"""
+
+
+def test_a_load_and_a_request_import_neither_transformers_nor_inflect(tiny_set, reference_wav):  # noqa: F811
+    # both cost seconds of process start (their import alone, and the lock they hold beside the weight
+    # loads): HuBERT/BERT and English numbers are our own
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", NO_IMPORT_SCRIPT, str(tiny_set), str(reference_wav), REFERENCE_TEXT]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_a_timeline_syncs_before_it_stamps_a_phase_end():
