@@ -65,6 +65,7 @@ MIXED = [
     "Hello WORLD 我们",
     "（测试）“语音”…—·",
     "x\u00e9\u00c9 unknownword 的",
+    "你[MASK]好 [UNK] [cls]x",  # special tokens written in the text
 ]
 
 

@@ -16,8 +16,9 @@ from voicehub.errors import CheckpointError
 # tokenizer_config.json keys transformers' BertTokenizerFast reads, with its defaults
 TOKENIZER_DEFAULTS = {
     "do_lower_case": True, "tokenize_chinese_chars": True, "strip_accents": None,
-    "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+    "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
 }  # fmt: skip
+SPECIAL_KEYS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -41,7 +42,8 @@ class BertTokenizer:
     """Text -> token ids [CLS] ... [SEP], as transformers' BertTokenizerFast: the folder's vocabulary
     (tokenizer.json's WordPiece vocab, else vocab.txt), BERT's normaliser with the folder's
     tokenizer_config.json settings (transformers' defaults: lower case, Chinese characters split, accents
-    as lower case says), BERT's pre-tokeniser, WordPiece with `##` continuations. No truncation."""
+    as lower case says), BERT's pre-tokeniser, WordPiece with `##` continuations, the special tokens
+    ([UNK], [SEP], [PAD], [CLS], [MASK]) kept whole where the text writes them. No truncation."""
 
     def __init__(self, folder: Path):
         from tokenizers import Tokenizer, normalizers, pre_tokenizers
@@ -60,6 +62,9 @@ class BertTokenizer:
             lowercase=_token_setting(settings, "do_lower_case"),
         )
         self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        # as transformers registers them: a special token written in the text is that token, not its letters
+        named = [_token_setting(settings, key) for key in SPECIAL_KEYS]
+        self._tokenizer.add_special_tokens([token for token in named if token in vocab])
         special = [_token_setting(settings, key) for key in ("cls_token", "sep_token", "unk_token")]
         missing = [token for token in special if token not in vocab]
         if missing:
