@@ -8,6 +8,7 @@ import torch
 
 from voicehub.errors import CheckpointError, ModelNotFoundError
 from voicehub.models.gpt_sovits.bert import (
+    BERT_LAYER,
     FULL_VOCAB_SIZE,
     BertFeatureExtractor,
     bert_config,
@@ -99,15 +100,39 @@ def test_token_ids_equal_transformers_tokenizer(tmp_path, bert_dir, keep, lower)
     assert got("hello world")[1:-1] == [vocab.index("hello"), vocab.index("world")]
 
 
-def test_every_hidden_state_equals_transformers(bert, bert_dir):
+def test_every_hidden_state_equals_transformers(bert_dir):
+    from voicehub.models.checkpoints import load_strict
+    from voicehub.models.gpt_sovits.bert import encoder_state
+    from voicehub.models.gpt_sovits.bert_model import BertModel
+    from voicehub.models.gpt_sovits.ssl import read_weights
+
     model = transformers.BertModel.from_pretrained(bert_dir, local_files_only=True).eval()
-    ids = torch.tensor([bert.tokenizer(TEXT)])
+    ours = BertModel(json.loads((bert_dir / "config.json").read_text())).eval()  # every layer kept
+    load_strict(ours, encoder_state(read_weights(bert_dir / "pytorch_model.bin")), "x")
+    ids = torch.tensor([BertTokenizer(bert_dir)(TEXT)])
     with torch.no_grad():
         want = model(ids, output_hidden_states=True).hidden_states
-    for i in range(-len(want), len(want)):
-        torch.testing.assert_close(bert.model(ids, i), want[i], atol=1e-5, rtol=1e-5)
+        for i in range(-len(want), len(want)):
+            torch.testing.assert_close(ours(ids, i), want[i], atol=1e-5, rtol=1e-5)
     with pytest.raises(IndexError):
-        bert.model(ids, len(want))
+        ours(ids, len(want))
+
+
+def test_the_feature_extractor_keeps_the_layers_up_to_the_one_it_reads(bert, bert_dir, tmp_path):
+    n_layers = bert_config("tiny", 0)["num_hidden_layers"]
+    assert bert.model.n_layers == n_layers and len(bert.model.encoder.layer) == n_layers + 1 + BERT_LAYER
+    ids = torch.tensor([bert.tokenizer(TEXT)])
+    with pytest.raises(ValueError, match="kept"):
+        bert.model(ids, -1)  # the last layer was not kept
+    # the layers it does not keep are still checked: a file without one of their tensors is refused
+    folder = tmp_path / "b"
+    shutil.copytree(bert_dir, folder)
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    last = f"bert.encoder.layer.{n_layers - 1}.intermediate.dense.weight"
+    del state[last]
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=last.removeprefix("bert.")):
+        BertFeatureExtractor.from_folder(folder)
 
 
 def test_text_over_the_position_table_is_refused(bert):

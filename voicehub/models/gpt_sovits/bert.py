@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from voicehub.errors import ModelNotFoundError
+from voicehub.models.checkpoints import check_state_dict
 from voicehub.models.gpt_sovits import bert_model
 from voicehub.models.gpt_sovits.sizes import Size, parse_size
-from voicehub.models.gpt_sovits.ssl import find_weights, load_module, read_config, read_weights
+from voicehub.models.gpt_sovits.ssl import CONFIG_MODEL, find_weights, load_module, read_config, read_weights
 from voicehub.models.gpt_sovits.weights import meta_device
 from voicehub.text.bert_tokenizer import BertTokenizer
 
@@ -96,6 +97,12 @@ class BertFeatureExtractor(torch.nn.Module):
             model = bert_model.BertModel(config)
         weights = find_weights(folder)
         state = encoder_state(read_weights(weights))
+        # every layer the file holds is checked; those past hidden_states[-3] are not kept (never run)
+        expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        check_state_dict(expected, state, str(weights), model=CONFIG_MODEL)
+        model.keep_layers(BERT_LAYER)
+        kept = model.state_dict()
+        state = {name: tensor for name, tensor in state.items() if name in kept}
         model = load_module(model, state, weights, torch.device(device), dtype, (), {})
         return cls(model, BertTokenizer(folder), folder)
 

@@ -4,8 +4,9 @@
 Why not transformers' class: see hubert_model.py (importing transformers' model modules is most of the
 process start). `tests/test_bert.py` checks this module against transformers' `AutoModelForMaskedLM` on
 the same folder. Inference only: absolute positions, one unpadded sequence (no attention mask), segment
-0, no dropout. Only the layers up to the hidden state asked for run (upstream reads hidden_states[-3]:
-the last two layers of 24 are loaded, as the file holds them, and never run).
+0, no dropout. Only the layers up to the hidden state asked for run (upstream reads hidden_states[-3]):
+the feature extractor checks the file's last two layers of 24 strictly but does not keep them
+(`keep_layers`: ~50 MB of fp16 weights that would never run).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class BertModel(nn.Module):
     def __init__(self, config: Mapping[str, Any]):
         super().__init__()
         self.config = dict(config)
+        self.n_layers = int(config["num_hidden_layers"])  # the checkpoint's; `keep_layers` may hold fewer
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
 
@@ -129,12 +131,23 @@ class BertModel(nn.Module):
     def max_tokens(self) -> int:
         return int(self.config["max_position_embeddings"])
 
+    def keep_layers(self, hidden_state: int) -> None:
+        """Drop the layers past `hidden_state` (an index as `forward` takes): they would never run."""
+        layers = self._layers_for(hidden_state)
+        self.encoder.layer = nn.ModuleList(list(self.encoder.layer)[:layers])
+
+    def _layers_for(self, hidden_state: int) -> int:
+        if not -(self.n_layers + 1) <= hidden_state <= self.n_layers:
+            raise IndexError(f"hidden state {hidden_state} of a BERT with {self.n_layers} layers")
+        return hidden_state % (self.n_layers + 1)  # how many layers run
+
     def forward(self, ids: torch.Tensor, hidden_state: int = -1) -> torch.Tensor:
         """hidden_state: an index into the L + 1 hidden states, negative from the end as a list's."""
-        n_layers = len(self.encoder.layer)
-        if not -(n_layers + 1) <= hidden_state <= n_layers:
-            raise IndexError(f"hidden state {hidden_state} of a BERT with {n_layers} layers")
-        layers = hidden_state % (n_layers + 1)  # how many layers run
+        layers = self._layers_for(hidden_state)
+        if layers > len(self.encoder.layer):
+            raise ValueError(
+                f"hidden state {hidden_state} needs {layers} layers; this model kept {len(self.encoder.layer)}"
+            )
         x = self.embeddings(ids)
         for layer in self.encoder.layer[:layers]:
             x = layer(x)
