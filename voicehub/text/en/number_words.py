@@ -87,7 +87,7 @@ def ordinal_words(words: str) -> str:
     return new if new != words else words + "th"
 
 
-def ordinal(digits: str) -> str:
+def ordinal(digits: int | str) -> str:
     """Digits read as an ordinal: "21" -> "twenty-first", "1001" -> "one thousand and first"."""
     return ordinal_words(cardinal(digits))
 
