@@ -197,7 +197,8 @@ class HubertModel(nn.Module):
 @torch.no_grad()
 def init_random(model: HubertModel, std: float) -> None:
     """Random test weights in the spirit of transformers' initialisation (normal(0, std) linears, unit
-    norms, kaiming convs, a unit-gain positional conv), so test features are neither zero nor saturated."""
+    norms, kaiming convs, the positional conv's gain set to its direction's norm, so its weight is the
+    drawn direction), so test features are neither zero nor saturated."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             module.weight.normal_(0.0, std)
