@@ -33,6 +33,7 @@ interpreter, with empty Triton/Inductor/CUDA caches (fresh temp dirs), then agai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import json
@@ -338,8 +339,9 @@ def run_profile(profile: str, set_dir: Path, voices: tuple, args) -> dict:
 
 
 def profile_top(profiler: cProfile.Profile) -> dict:
-    """The load's main-thread profile: the PROFILE_TOP functions by cumulative and by own time, each
-    [file:line(function), calls, own s, cumulative s]. cProfile slows Python-heavy code: read it as shares."""
+    """The load's profile: the PROFILE_TOP functions by cumulative and by own time, each [file:line(function),
+    calls, own s, cumulative s]. On Python 3.12 cProfile sees every thread (the text thread's work too); it
+    slows Python-heavy code: read it as shares."""
     stats = pstats.Stats(profiler)
     rows = [
         (f"{Path(f).name}:{line}({name})", calls, own, cum)
@@ -361,13 +363,10 @@ def child(args) -> None:
     # The voice is the model's default voice, warmed up at load, as a server configures it.
     voice = Voice(args.reference, PROMPT_TEXT, "en")
     profiler = cProfile.Profile() if args.profile_load else None
-    if profiler is not None:
-        profiler.enable()
-    model, manifest = load_profile(
-        args.set_dir, args.device, args.dtype, args.child, strict=False, voice=voice
-    )
-    if profiler is not None:
-        profiler.disable()
+    with profiler or contextlib.nullcontext():
+        model, manifest = load_profile(
+            args.set_dir, args.device, args.dtype, args.child, strict=False, voice=voice
+        )
     row: dict = {"optimization_error": manifest.get("error")} if manifest else {}
     stamps["loaded"] = time.time()
     if profiler is not None:
@@ -578,7 +577,9 @@ def main() -> None:
     if not set(args.startup_kinds) <= set(KINDS) or (
         "warm_shared" in args.startup_kinds and len(args.startup_kinds) > 1
     ):
-        raise SystemExit(f"--startup-kinds: cold,warm or warm_shared, got {','.join(args.startup_kinds)}")
+        raise SystemExit(
+            f"--startup-kinds: cold,warm[,warm_profiled] or warm_shared, got {','.join(args.startup_kinds)}"
+        )
     args.stream_window = next((w for w in args.windows if w is not None), None)
     if args.child:
         child(args)
