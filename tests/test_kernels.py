@@ -91,6 +91,40 @@ def test_polyphase_torch_backend_equals_reference(shape, logscale: bool, is_beta
     assert rel_l2(anti_alias_snake_polyphase(*doubles), anti_alias_snake_reference(*doubles)) < 1e-12
 
 
+def masked_rows_alone(op, args: tuple, valid: list[int]) -> torch.Tensor:
+    """What a masked call must give: each row's op over its first valid[b] samples alone, zeros after."""
+    x, rest = args[0], args[1:]
+    want = torch.zeros_like(x)
+    for b, n in enumerate(valid):
+        if n > 0:
+            want[b, :, :n] = op(x[b : b + 1, :, :n], *rest)[0]
+    return want
+
+
+@pytest.mark.parametrize("op", [anti_alias_snake_reference, anti_alias_snake_polyphase])
+@pytest.mark.parametrize(
+    ("length", "valid"), [(40, [40, 17, 1, 0]), (9, [3, 9, 4, 8]), (300, [299, 5, 150, 300])]
+)
+def test_masked_rows_equal_the_op_of_their_valid_samples(op, length: int, valid: list[int]):
+    # the masked op is a row ending at valid[b]: both borders replicated there, zeros past it; the
+    # samples past it (random here) must change nothing
+    args = snake_inputs(len(valid), 3, length, True, seed=length)
+    got = op(*args, valid=torch.tensor(valid, dtype=torch.int32))
+    want = masked_rows_alone(anti_alias_snake_reference, args, valid)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)  # zeros past each length included
+    # all rows full: the unmasked op
+    full = torch.full((len(valid),), length, dtype=torch.int64)
+    assert torch.allclose(op(*args, valid=full), op(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_masked_op_rejects_bad_lengths():
+    x, up, down, alpha, beta, logscale = snake_inputs(2, 2, 8, True, seed=3)
+    with pytest.raises(ValueError, match="valid must be an integer tensor"):
+        anti_alias_snake_reference(x, up, down, alpha, beta, logscale, valid=torch.tensor([8.0, 8.0]))
+    with pytest.raises(ValueError, match="valid must be an integer tensor"):
+        anti_alias_snake_reference(x, up, down, alpha, beta, logscale, valid=torch.tensor([8]))
+
+
 def test_polyphase_keeps_dtype_and_rejects_bad_filters():
     x, up, down, alpha, beta, logscale = snake_inputs(1, 2, 8, True, seed=3)
     halves = (t.half() for t in (x, up, down, alpha, beta))

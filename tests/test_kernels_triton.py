@@ -87,6 +87,22 @@ def test_anti_alias_snake_triton_batch_and_channels_are_independent(triton_kerne
         assert rel_l2(got[b, c], want[0, 0]) <= 1e-5
 
 
+@pytest.mark.parametrize(("length", "valid"), [(37, [37, 20, 1, 0]), (1100, [1100, 1017, 3, 600])])
+def test_anti_alias_snake_triton_masked_rows(triton_kernel, length: int, valid: list[int]):
+    # per-row lengths read on the device: borders clamped at each row's length, zeros past it (a tile
+    # seam at 1016 outputs and a length inside the second tile in the long case)
+    kernel, ref = triton_kernel(ANTI_ALIAS_SNAKE), registry.reference(ANTI_ALIAS_SNAKE)
+    args = snake_inputs(len(valid), 2, length, False, seed=length)
+    lengths = torch.tensor(valid, dtype=torch.int32)
+    out = poisoned((len(valid), 2, length), torch.float32)
+    kernel(*args, lengths, out=out)
+    want = ref(*args, valid=lengths)
+    assert torch.allclose(out, want, atol=1e-5, rtol=1e-5)
+    out16 = kernel(*half(args), lengths)
+    assert rel_l2(out16, want) <= FP16_TOL
+    assert (out16[1, :, valid[1] :] == 0).all()
+
+
 @pytest.mark.parametrize("shape", [(1, 512), (3, 512), (2, 3, 48), (4, 100)])
 def test_add_layer_norm_triton(triton_kernel, shape):
     kernel, ref = triton_kernel(ADD_LAYER_NORM), registry.reference(ADD_LAYER_NORM)

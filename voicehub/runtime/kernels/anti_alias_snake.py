@@ -1,9 +1,13 @@
 """The anti-aliased Snake activation op: 2x upsample, Snake/SnakeBeta, low-pass + 2x downsample.
 
-Op signature (every backend): `f(x, up_filter, down_filter, alpha, beta, logscale) -> y`, with
-x, y: [B, C, T]; up_filter, down_filter: [1, 1, 12] even-length FIR filters; alpha, beta: [C]
+Op signature (every backend): `f(x, up_filter, down_filter, alpha, beta, logscale, valid=None) -> y`,
+with x, y: [B, C, T]; up_filter, down_filter: [1, 1, 12] even-length FIR filters; alpha, beta: [C]
 (log-scale when `logscale`); plain Snake passes beta = alpha. Borders are replicate-padded at both
 rates, as in alias-free-torch (the upsampler pads the input, the downsampler the activated signal).
+valid: None, or an integer tensor [B] on x's device: row b is the op of its first valid[b] samples alone
+(the right border replicated at that length, as if the row ended there), and zeros past them. A masked
+BigVGAN (bigvgan/model.py) runs right-padded windows with it; nothing is read back to the host, so a
+CUDA graph can hold it with the lengths in a static buffer. Lengths are clamped to [0, T].
 
 `anti_alias_snake_reference` states the op directly (transposed conv at 2x, crop, activation, strided
 conv). `anti_alias_snake_polyphase` is the `torch` backend: the same function with both filters split
@@ -45,6 +49,22 @@ def snake_factors(
     return a, 1.0 / (b + SNAKE_EPS)
 
 
+def check_valid(valid: torch.Tensor | None, x: torch.Tensor) -> None:
+    if valid is None:
+        return
+    if valid.shape != (x.shape[0],) or valid.dtype.is_floating_point or valid.device != x.device:
+        raise ValueError(
+            f"anti_alias_snake: valid must be an integer tensor [{x.shape[0]}] on {x.device}, got "
+            f"{valid.dtype} {tuple(valid.shape)} on {valid.device}"
+        )
+
+
+def _replicate_past(h: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """h [B, C, T] with each row's samples past index last[b] ([B, 1, 1]) replaced by sample last[b]."""
+    idx = torch.minimum(torch.arange(h.shape[2], device=h.device).view(1, 1, -1), last)
+    return h.gather(2, idx.expand(h.shape))
+
+
 def anti_alias_snake_reference(
     x: torch.Tensor,
     up_filter: torch.Tensor,
@@ -52,10 +72,20 @@ def anti_alias_snake_reference(
     alpha: torch.Tensor,
     beta: torch.Tensor,
     logscale: bool,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reference: x [B, C, T] -> [B, C, T], computed in x's dtype at the 2x rate."""
+    """Reference: x [B, C, T] -> [B, C, T], computed in x's dtype at the 2x rate.
+
+    With `valid`, each row's input past its length and its activated 2x signal past twice that are
+    replaced by their last valid sample before each filter: the replicate padding of a row that ends
+    there (the filters reach 3 input / 6 upsampled samples past an output), so its first valid[b] outputs
+    equal the op of those samples alone; the rest are zeros."""
     check_args(x, up_filter, down_filter, alpha)
-    channels = x.shape[1]
+    check_valid(valid, x)
+    channels, length = x.shape[1], x.shape[2]
+    if valid is not None:
+        n = valid.clamp(0, length).view(-1, 1, 1)
+        x = _replicate_past(x, (n - 1).clamp(min=0))
     pad = TAPS // RATIO - 1
     crop = pad * RATIO + (TAPS - RATIO) // 2  # the same on both sides for an even filter
     h = F.pad(x, (pad, pad), mode="replicate")
@@ -63,9 +93,14 @@ def anti_alias_snake_reference(
     h = RATIO * F.conv_transpose1d(h, up, stride=RATIO, groups=channels)[..., crop:-crop]  # [B, C, 2T]
     a, inv_b = snake_factors(alpha, beta, logscale)
     h = h + inv_b.view(1, -1, 1) * torch.sin(h * a.view(1, -1, 1)).pow(2)
+    if valid is not None:
+        h = _replicate_past(h, (RATIO * n - 1).clamp(min=0))
     h = F.pad(h, (TAPS // 2 - 1, TAPS // 2), mode="replicate")
     down = down_filter.reshape(1, 1, TAPS).expand(channels, -1, -1)
-    return F.conv1d(h, down, stride=RATIO, groups=channels)
+    y = F.conv1d(h, down, stride=RATIO, groups=channels)
+    if valid is not None:
+        y = y.masked_fill(torch.arange(length, device=x.device).view(1, 1, -1) >= n, 0.0)
+    return y
 
 
 def _up_weights(up_filter: torch.Tensor) -> torch.Tensor:
@@ -98,8 +133,12 @@ def anti_alias_snake_polyphase(
     alpha: torch.Tensor,
     beta: torch.Tensor,
     logscale: bool,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The `torch` backend: x [B, C, T] -> [B, C, T], equal to the reference (polyphase form)."""
+    """The `torch` backend: x [B, C, T] -> [B, C, T], equal to the reference (polyphase form). Masked
+    rows (`valid`) take the reference's own masked form (the two replications between its filters)."""
+    if valid is not None:
+        return anti_alias_snake_reference(x, up_filter, down_filter, alpha, beta, logscale, valid)
     check_args(x, up_filter, down_filter, alpha)
     batch, channels, length = x.shape
     h = F.pad(x, (HALO, HALO), mode="replicate")

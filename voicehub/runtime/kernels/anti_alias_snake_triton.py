@@ -4,7 +4,9 @@ Each program owns one (batch, channel) row and a tile of BLOCK - 2 * TILE_HALO o
 loads the tile's input with a halo, computes both polyphase phases of the upsampled signal in
 registers (6 taps each), applies the activation (2 sines per input sample: the minimum), then
 gathers the 12 down-filter taps from those registers and writes the downsampled tile. Nothing at
-the 2x rate touches memory. Arithmetic is float32 whatever the input dtype.
+the 2x rate touches memory. Arithmetic is float32 whatever the input dtype. Masked rows (`valid`)
+read their length from device memory and clamp every border at it instead of at T (a graph replays
+them with new lengths), writing zeros past it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.anti_alias_snake import SNAKE_EPS, check_args
+from voicehub.runtime.kernels.anti_alias_snake import SNAKE_EPS, check_args, check_valid
 from voicehub.runtime.kernels.outputs import check_out
 
 TILE_HALO = 4  # phase samples kept either side of a tile: the down filter reaches 3 left, 3 right
@@ -41,6 +43,8 @@ def _anti_alias_snake_kernel(
     n_channels,
     length,
     n_tiles,
+    valid_ptr,
+    HAS_VALID: tl.constexpr,
     LOGSCALE: tl.constexpr,
     EPS: tl.constexpr,
     HALO: tl.constexpr,
@@ -54,6 +58,9 @@ def _anti_alias_snake_kernel(
     x_row = x_ptr + row.to(tl.int64) * length
     y_row = y_ptr + row.to(tl.int64) * length
     channel = row % n_channels
+    n = length  # the row's valid samples: borders are replicated from sample n - 1
+    if HAS_VALID:
+        n = tl.minimum(tl.maximum(tl.load(valid_ptr + row // n_channels).to(tl.int32), 0), length)
     a = tl.load(alpha_ptr + channel).to(tl.float32)
     b = tl.load(beta_ptr + channel).to(tl.float32)
     if LOGSCALE:
@@ -63,14 +70,15 @@ def _anti_alias_snake_kernel(
 
     lane = tl.arange(0, BLOCK)
     j = t0 - HALO + lane  # input-rate position of each phase pair
-    jc = tl.minimum(tl.maximum(j, 0), length - 1)
-    even = _up_phase(x_row, jc, length, up_ptr, 1, 2)  # upsampled sample 2j
-    odd = _up_phase(x_row, jc, length, up_ptr, 0, 3)  # upsampled sample 2j + 1
+    n_read = tl.maximum(n, 1)  # an empty row reads its sample 0 (and writes zeros)
+    jc = tl.minimum(tl.maximum(j, 0), n_read - 1)
+    even = _up_phase(x_row, jc, n_read, up_ptr, 1, 2)  # upsampled sample 2j
+    odd = _up_phase(x_row, jc, n_read, up_ptr, 0, 3)  # upsampled sample 2j + 1
     s_even = even + inv_b * tl.sin(a * even) * tl.sin(a * even)
     s_odd = odd + inv_b * tl.sin(a * odd) * tl.sin(a * odd)
     # Replicate padding of the activated 2x signal: before the start both phases equal sample 0
-    # (the even phase at j = 0), past the end both equal sample 2T-1 (the odd phase at T-1).
-    s_even, s_odd = tl.where(j >= length, s_odd, s_even), tl.where(j < 0, s_even, s_odd)
+    # (the even phase at j = 0), past the end both equal sample 2n-1 (the odd phase at n-1).
+    s_even, s_odd = tl.where(j >= n_read, s_odd, s_even), tl.where(j < 0, s_even, s_odd)
 
     # y[t] = sum_p g[2p+1] s_even[t+p-2] + g[2p] s_odd[t+p-3]; output lane o is t = t0 + o
     acc = tl.zeros((BLOCK,), tl.float32)
@@ -80,6 +88,7 @@ def _anti_alias_snake_kernel(
         acc += tl.load(down_ptr + 2 * p + 1).to(tl.float32) * tl.gather(s_even, i_even, 0)
         acc += tl.load(down_ptr + 2 * p).to(tl.float32) * tl.gather(s_odd, i_odd, 0)
     t = t0 + lane
+    acc = tl.where(t < n, acc, 0.0)
     tl.store(y_row + t, acc.to(y_ptr.dtype.element_ty), mask=(lane < n_out) & (t < length))
 
 
@@ -94,13 +103,16 @@ def anti_alias_snake_triton(
     alpha: torch.Tensor,
     beta: torch.Tensor,
     logscale: bool,
+    valid: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The `triton` backend: x [B, C, T] -> [B, C, T] in x's dtype (float32 arithmetic inside).
 
+    valid: per-row lengths [B] (anti_alias_snake.py), read on the device.
     out: an optional contiguous [B, C, T] tensor of x's dtype to write into (a static buffer)."""
     check_args(x, up_filter, down_filter, alpha)
+    check_valid(valid, x)
     batch, channels, length = x.shape
     x = x.contiguous()
     y = torch.empty_like(x) if out is None else check_out(out, x.shape, x.dtype)
@@ -111,7 +123,7 @@ def anti_alias_snake_triton(
     grid = (batch * channels * n_tiles,)
     _anti_alias_snake_kernel[grid](
         x, y, up_filter.contiguous(), down_filter.contiguous(), alpha.contiguous(), beta.contiguous(),
-        channels, length, n_tiles,
+        channels, length, n_tiles, x if valid is None else valid.contiguous(), HAS_VALID=valid is not None,
         LOGSCALE=bool(logscale), EPS=SNAKE_EPS, HALO=TILE_HALO, BLOCK=block,
         num_warps=4 if block >= 512 else 2,
     )  # fmt: skip

@@ -41,9 +41,8 @@ def kaiser_sinc_filter(cutoff: float, half_width: float, taps: int) -> torch.Ten
     return (filt / filt.sum()).view(1, 1, taps)
 
 
-ActivationKernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor
-]
+# f(x, up_filter, down_filter, alpha, beta, logscale[, valid]) -> y (runtime/kernels/anti_alias_snake.py)
+ActivationKernel = Callable[..., torch.Tensor]
 
 
 # The model's own activation is the op's reference definition in the runtime (one definition:
@@ -92,9 +91,8 @@ class AntiAliasActivation(nn.Module):
         self.logscale = logscale
         self.kernel = kernel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C, T] -> [B, C, T]
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [B, C, T] -> [B, C, T]; valid: None or per-row lengths [B] (the op's masked rows)
         beta = self.act.beta if self.act.beta is not None else self.act.alpha
-        return self.kernel(
-            x, self.upsample.filter, self.downsample.lowpass.filter, self.act.alpha, beta, self.logscale
-        )
+        args = (x, self.upsample.filter, self.downsample.lowpass.filter, self.act.alpha, beta, self.logscale)
+        return self.kernel(*args) if valid is None else self.kernel(*args, valid)

@@ -1,6 +1,14 @@
 """BigVGAN v2 generator (NVIDIA), inference only, with the official file's tensor names.
 
 Convolutions are plain at run time; the file's weight-norm pairs are folded at load.
+
+Masked rows: `forward(mel, valid)` runs right-padded mels, row b being the generator of its first
+valid[b] frames alone (up to float rounding; its samples past valid[b] * hop are not). Each convolution
+zero-pads its borders and each anti-aliased activation replicates them, so the padding is made what a
+row ending there would see: every convolution's input is zero past the row's length at its rate (the
+activations write zeros there, `zero_past` does it before conv_pre and each upsampler), and the
+activations replicate at the row's length (the op's `valid`). The lengths stay on the device, so a CUDA
+graph of one padded shape serves every length up to it (vocoder_graphs.py).
 """
 
 from __future__ import annotations
@@ -120,15 +128,16 @@ class AMPBlock(nn.Module):
             AntiAliasActivation(channels, with_beta, conf.snake_logscale, act_kernel) for _ in range(n_acts)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C, T]
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [B, C, T]; valid: None or per-row lengths [B] at this rate (every conv here reads an
+        # activation's output, zero past them)
         if self.is_type1:
             acts = self.activations
             for c1, c2, a1, a2 in zip(self.convs1, self.convs2, acts[::2], acts[1::2]):
-                x = x + c2(a2(c1(a1(x))))
+                x = x + c2(a2(c1(a1(x, valid)), valid))
         else:
             for c, a in zip(self.convs, self.activations):
-                x = x + c(a(x))
+                x = x + c(a(x, valid))
         return x
 
 
@@ -163,29 +172,39 @@ class BigVGAN(nn.Module):
                 mod.kernel = kernel
         return previous
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        # mel: [B, num_mels, T] -> [B, 1, T * hop]
-        x = self.conv_post(self.activation_post(self.body(mel)))
+    def forward(self, mel: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        # mel: [B, num_mels, T] -> [B, 1, T * hop]; valid: None or per-row frames [B] (module docstring)
+        n = None if valid is None else valid * self.conf.hop_size
+        x = self.conv_post(self.activation_post(self.body(mel, valid), n))
         return torch.tanh(x) if self.conf.use_tanh_at_final else x.clamp(-1.0, 1.0)
 
-    def body(self, mel: torch.Tensor) -> torch.Tensor:
+    def body(self, mel: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Everything before the final activation and conv: [B, num_mels, T] -> [B, C_last, T * hop]."""
-        x = self.conv_pre(mel)
+        x = self.conv_pre(zero_past(mel, valid))
         n_k = len(self.conf.resblock_kernel_sizes)
-        for i, up in enumerate(self.ups):
-            x = up[0](x)
-            xs = self.resblocks[i * n_k](x)
+        for i, (up, rate) in enumerate(zip(self.ups, self.conf.upsample_rates)):
+            x = up[0](zero_past(x, valid))
+            valid = None if valid is None else valid * rate
+            xs = self.resblocks[i * n_k](x, valid)
             for j in range(1, n_k):
-                xs = xs + self.resblocks[i * n_k + j](x)
+                xs = xs + self.resblocks[i * n_k + j](x, valid)
             x = xs / n_k
         return x
 
 
+def zero_past(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """x [B, C, T] with each row's samples from valid[b] on set to zero (x itself when valid is None)."""
+    if valid is None:
+        return x
+    return x.masked_fill(torch.arange(x.shape[2], device=x.device) >= valid.view(-1, 1, 1), 0.0)
+
+
 @torch.no_grad()
-def vocode(vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
+def vocode(vocoder: BigVGAN, mel: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Log-mel [B, num_mels, T] (denormalised, as `decode_mel` returns) -> audio [B, T * hop_size].
 
     Samples in [-1, 1] at `vocoder.conf.sampling_rate`; the mel is cast to the vocoder's dtype.
+    valid: None, or per-row frames [B] on the vocoder's device (masked rows, module docstring).
     """
     weight = vocoder.conv_pre.weight
-    return vocoder(mel.to(device=weight.device, dtype=weight.dtype))[:, 0]
+    return vocoder(mel.to(device=weight.device, dtype=weight.dtype), valid)[:, 0]
