@@ -86,6 +86,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_gpu.py tests/test_gpt_sovits_serving_gpu.py \
       tests/test_gpt_sovits_streaming.py tests/test_t2s_prefill.py tests/test_t2s_runner.py tests/test_t2s_row_engine.py \
       tests/test_t2s_batching.py tests/test_optimization_gpt_sovits.py tests/test_gpt_sovits_meta_build.py ;;
+    # session 9: masked BigVGAN window graphs (the per-sentence path, a streamed sentence's last window), their
+    # GPU tests, then the per-sentence path's new-length cost in one in-process profile (no startup children)
+    sentencetests) step sentence-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_gpt_sovits_sentence_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_gpt_sovits_streaming.py ;;
+    sentence) step e2e-sentence "${SENTENCE_LIMIT:-300}" python3 benchmarks/e2e_bench.py --profiles triton --reps 1 \
+      --windows 25,none --skip-startup --out "$OUT/e2e_sentence_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \

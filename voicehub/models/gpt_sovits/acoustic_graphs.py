@@ -28,7 +28,9 @@ When graphs are captured (the model's cuda_graph_preset): `full` captures every 
 voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); both capture
 the encoder of each common (chunk, speed)'s first ENCODER_LOAD_WINDOWS windows for sentences of up to
 ENCODER_LOAD_PHONES phonemes (common speeds: LOAD_SPEEDS); `lazy` each shape on first use; everything
-not captured at load is captured on first use.
+not captured at load is captured on first use. The per-sentence path's whole mels replay masked
+vocoder graphs (vocoder_graphs.vocode_mel: 10 shapes for every length), all captured at load by `full`,
+on first use otherwise.
 Vocoder lengths are unbounded, so at most MAX_VOCODER_GRAPHS (rows, length) graphs are kept; a new one
 past that runs eagerly, and says so (vocoder_graphs.py; the encoder likewise past its range).
 What the solver or vocoder runs (the schedule, the step cache, the DiT's kernels, a compiled forward, the
@@ -299,6 +301,14 @@ class AcousticGraphs:
         with self._lock:
             return self.vocoder.vocode(mel)
 
+    @torch.inference_mode()
+    def vocode_mel(self, vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
+        """`vocode(vocoder, mel [1, num_mels, n])` for a whole sentence's mel, any n -> audio [1, n * hop], from
+        masked window graphs (`VocoderGraphs.vocode_mel`: equal up to float rounding)."""
+        assert vocoder is self.vocoder.vocoder and mel.shape[0] == 1, "one mel of this model's vocoder"
+        with self._lock:
+            return self.vocoder.vocode_mel(mel)
+
     def vocoder_eager_reason(self, n_rows: int, n_frames: int) -> str | None:
         """`VocoderGraphs.eager_reason`: None when n_rows windows of n_frames replay a graph."""
         with self._lock:
@@ -363,9 +373,12 @@ class AcousticGraphs:
             t2 = time.perf_counter()
             for n in frames:
                 self.vocoder.capture(n)
-            seconds = {"encoder": t1 - t0, "cfm": t2 - t1, "vocoder": time.perf_counter() - t2}
+            t3 = time.perf_counter()
+            masked = self.vocoder.capture_masked() if self.preset is GraphPreset.FULL else []
+            seconds = {"encoder": t1 - t0, "cfm": t2 - t1, "vocoder": t3 - t2,
+                       "vocoder_masked": time.perf_counter() - t3}  # fmt: skip
         return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames,
-                "encoder_keys": encoder_keys, "capture_s": seconds}  # fmt: skip
+                "vocoder_masked": masked, "encoder_keys": encoder_keys, "capture_s": seconds}  # fmt: skip
 
     def info(self) -> dict[str, Any]:
         """JSON-ready: the preset and what is captured now."""

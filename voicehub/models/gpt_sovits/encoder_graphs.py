@@ -70,6 +70,16 @@ def encoder_key(n_tokens: int, n_phones: int, speed: float) -> EncoderKey:
 
 
 @torch.no_grad()
+def decode_encp_without_cudnn(
+    model: SynthesizerV3, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float = 1.0
+) -> torch.Tensor:
+    """`model.decode_encp` itself, at the sentence's own shapes, on ATen's convolutions
+    (runtime/eager_conv.py): nothing to plan at a new shape (conv_plan_probe_h200.json: 23 ms at a new
+    length, 68-89 ms with cuDNN's plans). The per-sentence path's encoder when its CFM and vocoder replay
+    graphs (pipeline.py)."""
+    return without_cudnn(model.decode_encp)(codes, text, ge, speed)
+
+
 def decode_encp_bucketed(
     model: SynthesizerV3, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float = 1.0
 ) -> torch.Tensor:

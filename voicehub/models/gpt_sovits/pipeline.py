@@ -13,7 +13,10 @@ rules), the pause is put *between* sentences (upstream also appends one after th
 sentence edge next to a pause gets a 5 ms fade so a sentence that ends mid-wave does not click; and the
 CFM solves each chunk right-padded to a multiple of 64 frames and the SoVITS encoder runs at the stream
 engine's token/phoneme buckets, both masked (`solve_bucketed`, `decode_encp_bucketed`: equal up to float
-rounding), so sentences of every length reach cuDNN at a few shapes (BigVGAN still at the sentence's own).
+rounding), so sentences of every length reach cuDNN at a few shapes (BigVGAN at the sentence's own). With
+acoustic graphs (CUDA), the CFM chunks replay the streamed path's CFM graphs, the mel replays masked
+BigVGAN window graphs (vocoder_graphs.vocode_mel) and the encoder runs without cuDNN: no stage plans a
+new shape for a new sentence length.
 
 Every fast path (issue 4: static KV, graphs, sub-sentence streaming) is held to this one.
 """
@@ -38,7 +41,7 @@ from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor, phone_bert_features
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.solver import solve_bucketed
-from voicehub.models.gpt_sovits.encoder_graphs import decode_encp_bucketed
+from voicehub.models.gpt_sovits.encoder_graphs import decode_encp_bucketed, decode_encp_without_cudnn
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.reference import (
     ReferenceAudio,
@@ -293,11 +296,20 @@ class Pipeline:
         result = self.decode_tokens(ref, sentence, params, seed)
         phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(seed)
+        graphs = self.acoustic_graphs
+        # With graphs: the CFM chunks replay the streamed path's graphs, the mel replays masked vocoder
+        # window graphs, the encoder runs on ATen's convolutions (no cuDNN plans at the sentence's shapes)
+        solver, encoder = (
+            (solve_bucketed, decode_encp_bucketed)
+            if graphs is None
+            else (graphs.solve, decode_encp_without_cudnn)
+        )
         mel = decode_mel(
             self.sovits, ref.acoustic, result.tokens[None, None], phones, int(params.sample_steps),
-            speed=float(params.speed), generator=generator, solver=solve_bucketed, encoder=decode_encp_bucketed,
+            speed=float(params.speed), generator=generator, solver=solver, encoder=encoder,
         )  # fmt: skip
-        audio = vocode(self.vocoder, mel)[0].float()  # [n]
+        voc = vocode(self.vocoder, mel) if graphs is None else graphs.vocode_mel(self.vocoder, mel)
+        audio = voc[0].float()  # [n]
         peak = audio.abs().max()
         if peak > 1:  # upstream: "simple protection against 16-bit clipping"
             audio = audio / peak

@@ -16,10 +16,11 @@ Differences from the per-sentence path, on purpose: the encoder sees no tokens r
 noise is drawn per window, and there is no whole-sentence peak normalisation (BigVGAN's output is already
 in [-1, 1]). The utterance length is the per-sentence path's, sample for sample.
 
-On CUDA with a capturing graph preset, the SoVITS encoder, the CFM pieces and the vocoder windows (all but
-a sentence's last) replay from CUDA graphs (`acoustic_graphs.AcousticGraphs`, passed as `graphs`): the
-same windows, the same noise draws, the encoder on right-padded masked tokens and phonemes and the CFM on
-a right-padded masked piece (each equal up to float rounding).
+On CUDA with a capturing graph preset, the SoVITS encoder, the CFM pieces and the vocoder windows replay
+from CUDA graphs (`acoustic_graphs.AcousticGraphs`, passed as `graphs`): the same windows, the same noise
+draws, the encoder on right-padded masked tokens and phonemes, the CFM on a right-padded masked piece,
+and a sentence's last vocoder window (any length) on masked window graphs (each equal up to float
+rounding).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class VocoderStream:
 
     push(mel [1, num_mels, n] denormalised, is_last) returns float32 samples that are final (with
     is_last, everything left). Joined output has exactly n_frames * hop samples, like `vocode` of the whole mel.
-    vocode_window: what vocodes every window but the last push's (`vocode`, or a graph replay of it); the
-    last one's length is arbitrary, so it runs `vocode` itself (a graph per length would rarely replay).
+    vocode_window: what vocodes every window but the last push's (`vocode`, or a graph replay of it);
+    vocode_last: the last one's, of any length (`vocode`, or `AcousticGraphs.vocode_mel`: masked window
+    graphs of a few shapes, where a graph per exact length would rarely replay).
     """
 
     def __init__(
@@ -81,11 +83,12 @@ class VocoderStream:
         overlap: int = VOCODER_OVERLAP_FRAMES,
         min_first_s: float = MIN_FIRST_S,
         vocode_window: Vocode = vocode,
+        vocode_last: Vocode = vocode,
     ):
         if min(left, lookahead, overlap) < 0:
             raise ValueError("left, lookahead and overlap must be >= 0 frames")
         self.vocoder, self.left, self.lookahead, self.overlap = vocoder, left, lookahead, overlap
-        self.vocode_window = vocode_window
+        self.vocode_window, self.vocode_last = vocode_window, vocode_last
         self.hop = vocoder.conf.hop_size
         self.min_first = int(np.ceil(min_first_s * vocoder.conf.sampling_rate / self.hop))
         self.joiner = StreamJoiner(overlap * self.hop, FadeShape.LINEAR)  # same signal on both sides
@@ -99,10 +102,10 @@ class VocoderStream:
         if is_last and self._done == 0:  # everything in one call: no join (and it may be under one overlap)
             self._done = self._mel.shape[2]
             self.n_calls += 1
-            return vocode(self.vocoder, self._mel)[0].float().cpu().numpy()
+            return self.vocode_last(self.vocoder, self._mel)[0].float().cpu().numpy()
         if is_last:
             ready = (
-                self._emit(self._mel.shape[2], vocode)
+                self._emit(self._mel.shape[2], self.vocode_last)
                 if self._mel.shape[2] > self._done
                 else np.zeros(0, np.float32)
             )
@@ -247,11 +250,12 @@ def stream_windows(
     # The eager encoder runs without cuDNN (`without_cudnn`): every window is a new shape, and cuDNN would
     # plan each (the DiT and BigVGAN keep cuDNN: ATen's convolutions are slower there, conv_plan_probe).
     if graphs is None:
-        solver, vocode_window, encode = solve, vocode, without_cudnn(model.decode_encp)
+        solver, vocode_window, vocode_last, encode = solve, vocode, vocode, without_cudnn(model.decode_encp)
     else:
         solver, vocode_window, encode = graphs.solve, graphs.vocode, partial(graphs.encode, model)
+        vocode_last = graphs.vocode_mel
     cfm = CfmStream(model, prompt, sample_steps, generator, solver=solver)
-    voc = VocoderStream(vocoder, vocode_window=vocode_window)
+    voc = VocoderStream(vocoder, vocode_window=vocode_window, vocode_last=vocode_last)
     n_done = 0  # feature frames already solved
     for tokens, is_final in windows:
         fea = encode(tokens[None, None], phones, prompt.ge, speed)  # [1, inter2, L(n)]

@@ -1,9 +1,16 @@
-"""CUDA graphs of BigVGAN windows: the streaming path's (one row) and the stream engine's (many rows).
+"""CUDA graphs of BigVGAN: the streaming path's windows (one row), the stream engine's (many rows), and
+whole mels of any length (the per-sentence path).
 
 BigVGAN pads its borders (zeros in the convolutions, replication in the anti-aliased activations), so a
-right-padded window would change the frames near its end: graphs are captured per exact window length.
-Rows are another matter: BigVGAN convolves each row alone, so the stream engine's windows of one length
-replay the graph of the next row bucket (VOCODER_ROW_BUCKETS) with the missing rows zeros, exactly.
+right-padded window would change the frames near its end unless it runs masked: the streamed windows
+replay graphs captured per exact window length (a few lengths repeat). Rows are another matter: BigVGAN
+convolves each row alone, so the stream engine's windows of one length replay the graph of the next row
+bucket (VOCODER_ROW_BUCKETS) with the missing rows zeros, exactly. A whole sentence's mel (`vocode_mel`)
+is cut into windows as wide as the largest SENTENCE_FRAME_BUCKETS, with the receptive field as context
+(bigvgan/windows.py), and replays masked graphs: one row right-padded to a SENTENCE_FRAME_BUCKETS length,
+or a row bucket of full-width windows. Each row's length is a device buffer of the graph, so every length
+reaches cuDNN at these few shapes (it builds plans per shape: ~150 ms a new length on the H200,
+conv_plan_probe_h200.json), and the audio equals one-shot vocoding up to float rounding.
 `VocoderGraphs` keeps them (acoustic_graphs.AcousticGraphs owns one per model and locks around it);
 shapes past MAX_VOCODER_FRAMES, past MAX_VOCODER_ROW_FRAMES for their rows, or new once
 MAX_VOCODER_GRAPHS are held run eagerly, and say so (`eager_reason`). A new activation kernel or a
@@ -18,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.bigvgan.windows import receptive_field, vocode_windows
 from voicehub.models.gpt_sovits.encoder_graphs import forwards_of
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
 from voicehub.runtime.kv_cache import pick_bucket
@@ -26,6 +34,12 @@ MAX_VOCODER_FRAMES = 2048  # longest vocoder window replayed from a graph (~22 s
 MAX_VOCODER_GRAPHS = 96  # (rows, exact length) graphs kept; a new shape past that runs eagerly
 VOCODER_ROW_BUCKETS = (1, 2, 4, 8, 16, 32)  # windows per graph: 1 streamed; the stream engine's batches
 MAX_VOCODER_ROW_FRAMES = 32 * 160  # rows x frames of one graph of many rows (bounds its memory)
+# Masked one-row graphs of a whole mel (`vocode_mel`): a mel of n frames up to the largest is right-padded
+# to the next of these (at most half again: 513 -> 768); a longer one runs windows of the largest width
+# (938 frames kept, 43 a side of context for the published config), as many rows a call as
+# MAX_VOCODER_ROW_FRAMES allows (4). 8 + 2 graphs in all, whatever the lengths.
+SENTENCE_FRAME_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024)
+MASKED = "masked"  # third element of a masked graph's key: (rows, frames, MASKED)
 log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
@@ -43,13 +57,19 @@ class VocoderGraphs:
         max_graphs: int = MAX_VOCODER_GRAPHS,
         row_buckets: Sequence[int] = VOCODER_ROW_BUCKETS,
         max_row_frames: int = MAX_VOCODER_ROW_FRAMES,
+        sentence_buckets: Sequence[int] = SENTENCE_FRAME_BUCKETS,
     ):
         self.vocoder, self.device = vocoder, device
         self.max_frames = max_frames
         self.row_buckets, self.max_row_frames = tuple(sorted(row_buckets)), max_row_frames
         assert self.row_buckets[0] == 1, "one-row graphs serve the streaming path"
         self.runner: BucketedGraphRunner | None = None
-        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._inputs: dict[tuple, torch.Tensor] = {}
+        self._valid: dict[tuple, torch.Tensor] = {}  # masked graphs' row lengths (frames, int32)
+        self.context = receptive_field(vocoder.conf)  # frames of context a side of a sentence's windows
+        self.sentence_buckets = tuple(sorted(sentence_buckets))
+        self.sentence_width = self.sentence_buckets[-1]  # a longer mel runs windows of this width
+        self.sentence_rows = self.rows_per_call(self.sentence_width)
         self._identity: tuple | None = None
         self.budget = GraphBudget(max_graphs)  # keys captured or being captured by the current runner
         self._keys = self.budget.keys
@@ -65,6 +85,7 @@ class VocoderGraphs:
                 (r, n) for r in self.row_buckets for n in range(1, self.max_frames + 1)
                 if r == 1 or r * n <= self.max_row_frames
             ]  # fmt: skip
+            keys += self.masked_keys()
             self.runner = BucketedGraphRunner(self._step, keys, GraphPreset.LAZY, self.device)
         return self.runner
 
@@ -95,10 +116,36 @@ class VocoderGraphs:
             self._keys.add(key)
             runner.run(key)
 
-    def _step(self, key: tuple[int, int]) -> torch.Tensor:
+    def masked_keys(self) -> list[tuple[int, int, str]]:
+        """Keys of every masked graph `vocode_mel` replays: one row at each SENTENCE_FRAME_BUCKETS length,
+        and full-width windows at the row buckets it calls with."""
+        one_row = [(1, n, MASKED) for n in self.sentence_buckets]
+        rows = [(r, self.sentence_width, MASKED) for r in self.row_buckets if 1 < r <= self.sentence_rows]
+        return one_row + rows
+
+    def capture_masked(self) -> list[tuple[int, int, str]]:
+        """Capture every masked graph now (largest first: later captures reuse the pool's memory)."""
+        runner = self.current_runner()
+        for key in sorted(self.masked_keys(), key=lambda k: -k[0] * k[1]):
+            self._input_of(key)  # static inputs are allocated outside the capture
+            self._valid_of(key)
+            runner.run(key)
+        return [k for k in runner.captured_buckets if len(k) == 3]
+
+    def _step(self, key: tuple) -> torch.Tensor:
+        if len(key) == 3:  # masked: each row's length from its static buffer
+            return self.vocoder(self._input_of(key), self._valid_of(key))[:, 0]
         return self.vocoder(self._input_of(key))[:, 0]  # [rows, frames * hop]
 
-    def _input_of(self, key: tuple[int, int]) -> torch.Tensor:
+    def _valid_of(self, key: tuple) -> torch.Tensor:
+        buf = self._valid.get(key)
+        if buf is None:
+            device = self.vocoder.conv_pre.weight.device  # the static mel's, as `_input_of`
+            buf = torch.full((key[0],), key[1], dtype=torch.int32, device=device)
+            self._valid[key] = buf
+        return buf
+
+    def _input_of(self, key: tuple) -> torch.Tensor:
         buf = self._inputs.get(key)
         if buf is None:
             w = self.vocoder.conv_pre.weight
@@ -147,3 +194,24 @@ class VocoderGraphs:
         self._keys.add(key)
         assert self.runner is not None, "eager_reason first: it checks what the vocoder runs"
         return self.runner.run(key)[: len(mels)].clone()
+
+    def vocode_mel(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel [1, num_mels, n] denormalised, any n -> audio [1, n * hop] (a copy), equal to `bigvgan.vocode`
+        of the whole mel up to float rounding, from masked graphs (module docstring), each captured on first
+        use unless `capture_masked` ran."""
+        self.current_runner()  # drops the graphs if what the vocoder runs changed
+        return vocode_windows(self.vocoder, mel, self.sentence_width, self.sentence_rows, self._replay_masked,
+                              context=self.context)  # fmt: skip
+
+    def _replay_masked(self, mels: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+        # bigvgan.windows.VocodeRows: the windows as masked rows of one graph; its output is static
+        longest = max(m.shape[1] for m in mels)
+        frames = width if len(mels) > 1 else pick_bucket(longest, self.sentence_buckets)
+        key = (pick_bucket(len(mels), self.row_buckets), frames, MASKED)
+        buf, valid = self._input_of(key), self._valid_of(key)
+        for i, mel in enumerate(mels):
+            buf[i, :, : mel.shape[1]].copy_(mel)  # cast to the vocoder's dtype; the rest is masked
+            valid[i].fill_(mel.shape[1])  # a fill kernel: no host-to-device copy to wait for
+        valid[len(mels) :].fill_(0)
+        assert self.runner is not None
+        return self.runner.run(key)

@@ -207,4 +207,5 @@ def vocode(vocoder: BigVGAN, mel: torch.Tensor, valid: torch.Tensor | None = Non
     valid: None, or per-row frames [B] on the vocoder's device (masked rows, module docstring).
     """
     weight = vocoder.conv_pre.weight
-    return vocoder(mel.to(device=weight.device, dtype=weight.dtype), valid)[:, 0]
+    mel = mel.to(device=weight.device, dtype=weight.dtype)
+    return (vocoder(mel) if valid is None else vocoder(mel, valid))[:, 0]

@@ -75,7 +75,8 @@ def plan_windows(n_frames: int, width: int, context: int) -> list[Window]:
 
 
 # vocode_rows(mel windows [num_mels, n_i], width) -> audio [rows, >= max n_i * hop]: row i is the vocoder
-# of window i alone, right-padded to `width` frames and masked (vocode_masked_rows, or a graph replay)
+# of window i alone, right-padded to `width` frames (or fewer, when one window) and masked
+# (vocode_masked_rows, or a graph replay, whose output the next call may overwrite)
 VocodeRows = Callable[[Sequence[torch.Tensor], int], torch.Tensor]
 
 
@@ -107,7 +108,7 @@ def vocode_windows(
     pieces = []
     for first in range(0, len(windows), rows_per_call):
         group = windows[first : first + rows_per_call]
-        audio = rows([mel[0, :, w.lo : w.hi] for w in group], width)
-        for i, w in enumerate(group):
-            pieces.append(audio[i, (w.keep_lo - w.lo) * hop : (w.keep_hi - w.lo) * hop])
-    return torch.cat(pieces)[None]
+        audio = rows([mel[0, :, w.lo : w.hi] for w in group], width)  # the next call may overwrite it
+        kept = [audio[i, (w.keep_lo - w.lo) * hop : (w.keep_hi - w.lo) * hop] for i, w in enumerate(group)]
+        pieces.append(torch.cat(kept))
+    return torch.cat(pieces)[None] if len(pieces) > 1 else pieces[0][None]
