@@ -127,9 +127,10 @@ def test_load_time_encoder_keys_per_preset(tiny_set):  # noqa: F811
     }
     assert keys["lazy"] == [] and set(keys["minimal"]) < set(keys["full"])
     # the speeds of the presets whose CFM steps load captures (fast 1.3, balanced 1.1), not quality's 1.0;
-    # two windows, phoneme buckets up to 128 (full) / 64 (minimal)
+    # two windows, phoneme buckets up to 128 (full) / 64 (minimal); full: the first window up to 512
     assert LOAD_SPEEDS == (1.1, 1.3) and {k[2] for k in keys["full"]} == set(LOAD_SPEEDS)
-    assert len(keys["full"]) == 2 * 2 * 4 == 16 and len(keys["minimal"]) == 2 * 2 * 2 == 8
+    assert len(keys["full"]) == 2 * (16 + 4) == 40 and len(keys["minimal"]) == 2 * 2 * 2 == 8
+    assert (25, 512, 1.3) in keys["full"] and (50, 160, 1.3) not in keys["full"]
     # a short sentence's first two default windows at the fast preset's speed
     assert {(25, 32, 1.3), (50, 32, 1.3), (25, 64, 1.3)} <= set(keys["minimal"])
     with pytest.raises(ValueError, match="whose CFM"):

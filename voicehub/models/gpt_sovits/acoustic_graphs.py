@@ -27,7 +27,8 @@ When graphs are captured (the model's cuda_graph_preset): `full` captures every 
 (chunk, speed) at load; `minimal` the shapes of the first LOAD_WINDOWS[minimal] windows of the default
 voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); both capture
 the encoder of each common (chunk, speed)'s first ENCODER_LOAD_WINDOWS windows for sentences of up to
-ENCODER_LOAD_PHONES phonemes (common speeds: LOAD_SPEEDS); `lazy` each shape on first use; everything
+ENCODER_LOAD_PHONES phonemes (common speeds: LOAD_SPEEDS), and `full` the first window's (the one the
+first audio waits for) at every phoneme bucket up to MAX_PHONES; `lazy` each shape on first use; everything
 not captured at load is captured on first use. The per-sentence path's whole mels replay masked
 vocoder graphs (vocoder_graphs.vocode_mel: 10 shapes for every length), all captured at load by `full`,
 on first use otherwise.
@@ -51,7 +52,13 @@ import torch
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import FRAME_BUCKET, solve_padded
-from voicehub.models.gpt_sovits.encoder_graphs import PHONE_BUCKET, EncoderGraphs, encoder_key, forwards_of
+from voicehub.models.gpt_sovits.encoder_graphs import (
+    MAX_PHONES,
+    PHONE_BUCKET,
+    EncoderGraphs,
+    encoder_key,
+    forwards_of,
+)
 from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
@@ -71,6 +78,8 @@ LOAD_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values() if p.sample_steps 
 LOAD_WINDOWS = {GraphPreset.FULL: 6, GraphPreset.MINIMAL: 2}  # a sentence's first windows, shapes at load
 ENCODER_LOAD_WINDOWS = 2  # a sentence's first windows whose encoder shapes load captures (full, minimal)
 ENCODER_LOAD_PHONES = {GraphPreset.FULL: 128, GraphPreset.MINIMAL: 64}  # ... for up to these phonemes
+# full: a sentence's first window at every phoneme bucket (a long sentence's first audio paid its capture,
+# 50-90 ms, e2e_sentence_h200.json): 16 x 2 speeds, with the second window's keys 40 of MAX_GRAPHS
 log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
@@ -347,10 +356,17 @@ class AcousticGraphs:
 
     def encoder_load_keys(self) -> list[tuple[int, int, float]]:
         """Encoder (tokens, phonemes, speed) keys the preset captures at load: each common (chunk,
-        speed)'s first ENCODER_LOAD_WINDOWS windows, every phoneme bucket up to ENCODER_LOAD_PHONES."""
-        phones = range(PHONE_BUCKET, ENCODER_LOAD_PHONES.get(self.preset, 0) + 1, PHONE_BUCKET)
-        tokens = [k * c for c in COMMON_CHUNK_TOKENS for k in range(1, ENCODER_LOAD_WINDOWS + 1)]
-        keys = {encoder_key(t, p, s) for t in tokens for s in LOAD_SPEEDS for p in phones}
+        speed)'s first ENCODER_LOAD_WINDOWS windows, every phoneme bucket up to ENCODER_LOAD_PHONES (the
+        first window up to MAX_PHONES with `full`)."""
+        most = ENCODER_LOAD_PHONES.get(self.preset, 0)
+        first_most = MAX_PHONES if self.preset is GraphPreset.FULL else most
+        keys = {
+            encoder_key(k * c, p, s)
+            for c in COMMON_CHUNK_TOKENS
+            for k in range(1, ENCODER_LOAD_WINDOWS + 1)
+            for s in LOAD_SPEEDS
+            for p in range(PHONE_BUCKET, (first_most if k == 1 else most) + 1, PHONE_BUCKET)
+        }
         return sorted(keys, key=lambda k: (k[2], -k[0], -k[1]))  # largest first per speed (one pool each)
 
     @torch.inference_mode()
