@@ -139,6 +139,11 @@ def test_load_time_encoder_keys_per_preset(tiny_set):  # noqa: F811
         )
 
 
+# the streaming path's fine buckets, for tests whose cases were written for them
+FINE = {"row_buckets": (1, 2, 4, 8, 16), "token_buckets": range(25, MAX_TOKENS + 1, 25),
+        "phone_buckets": range(32, 513, 32)}  # fmt: skip
+
+
 def _row(sovits, n_tokens: int, n_phones: int, speed: float, seed: int) -> EncoderRow:
     codes, text, ge = _inputs(sovits, n_tokens, n_phones, seed)
     return EncoderRow(seed, codes[0, 0], text[0], ge, speed)
@@ -171,9 +176,9 @@ def test_encode_rows_replays_by_speed_and_counts_the_rest(sovits, captured):  # 
     with torch.inference_mode():
         eager, eager_calls = encode_rows(sovits, rows)
         assert (eager_calls.calls, eager_calls.replayed, eager_calls.eager) == (1, 0, {"no_graphs": 5})
-        # rows x token bucket <= 100: the 1.3 rows, longest first, run as 2 rows of <= 50 tokens (<= 30
-        # phonemes) + 1 row of 20 (70 phonemes); the 1.0 row alone (its speed's own runner)
-        graphs = EncoderRowGraphs(sovits, CUDA, max_row_tokens=100)
+        # fine buckets here (the streaming path's), rows x token bucket <= 100: the 1.3 rows, longest first,
+        # run as 2 rows of <= 50 tokens (<= 30 phonemes) + 1 row of 20 (70 phonemes); the 1.0 row alone
+        graphs = EncoderRowGraphs(sovits, CUDA, max_row_tokens=100, **FINE)
         got, calls = encode_rows(sovits, rows, graphs)
         assert captured == [(2, 50, 32), (1, 25, 96), (1, 25, 32)]
         assert sorted(graphs.captured) == [(1, 25, 32, 1.0), (1, 25, 96, 1.3), (2, 50, 32, 1.3)]
@@ -228,12 +233,25 @@ def test_row_graphs_without_capture_on_use_replay_only_what_was_captured(sovits,
     graphs = EncoderRowGraphs(sovits, CUDA, capture_on_use=False)
     with torch.inference_mode():
         eager, _ = encode_rows(sovits, rows)
-        assert graphs.capture([graphs.key(1, 25, 20, 1.3)]) == [(1, 25, 32, 1.3)]
+        assert graphs.capture([graphs.key(1, 25, 20, 1.3)]) == [(1, 50, 64, 1.3)]
         one, calls_one = encode_rows(sovits, rows[:1], graphs)
         both, calls_both = encode_rows(sovits, rows, graphs)
     assert (calls_one.replayed, calls_one.eager) == (1, {})
     # two rows take the 75-token row's bucket, not captured: no capture mid-round (it stalls the engine)
     assert (calls_both.replayed, calls_both.eager) == (0, {"not_captured": 2})
-    assert captured == [(1, 25, 32)] and sorted(graphs.captured) == [(1, 25, 32, 1.3)]
+    assert captured == [(1, 50, 64)] and sorted(graphs.captured) == [(1, 50, 64, 1.3)]
     for a, b in zip([one[0], *both], [eager[0], *eager]):
         assert a.shape == b.shape and (a - b).abs().max() < ATOL
+
+
+def test_engine_buckets_are_few_and_cover_every_window(sovits):
+    # the engine captures every key at start, so the defaults must stay few: per speed 16 one-row + 16
+    # four-row + 12 sixteen-row graphs (16 rows x 500 tokens is past the rows x tokens bound)
+    graphs = EncoderRowGraphs(sovits, CUDA)
+    keys = graphs.all_keys(1.3)
+    assert len(keys) == 44 and len({k[:3] for k in keys}) == 44 and 2 * len(keys) <= graphs.budget.max_graphs
+    for n_rows, n_tokens, n_phones in ((1, 1, 1), (3, 51, 65), (16, 200, 512), (5, 499, 300), (4, 500, 512)):
+        assert graphs.is_in_range(n_tokens, n_phones)
+        n_rows = min(n_rows, graphs.rows_per_call(n_tokens))
+        assert graphs.key(n_rows, n_tokens, n_phones, 1.3) in keys
+    assert not graphs.is_in_range(MAX_TOKENS + 1, 10) and not graphs.is_in_range(10, 513)

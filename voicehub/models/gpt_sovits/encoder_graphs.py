@@ -18,8 +18,12 @@ runs the same padded layout eagerly: the per-sentence path, so cuDNN sees only b
 `EncoderRowGraphs` does the same for the stream engine's batches (serving.py): the windows of several
 streams at one speed replay one graph of (row bucket, token bucket, phoneme bucket, speed), the rows
 right-padded as above and the missing rows padding too (zeros; each row is encoded alone, so they change
-no real row). Rows x token bucket is bounded by MAX_ENCODER_ROW_TOKENS (a graph's memory), the count by
-MAX_ROW_GRAPHS; past either the caller runs the rows eagerly and counts why (`eager_reason`).
+no real row). Its buckets are coarse (ENCODER_ROW_BUCKETS, ENGINE_TOKEN_BUCKETS, ENGINE_PHONE_BUCKETS):
+the engine captures every shape a batch can take when it starts (a capture inside a round stalls every
+stream), and with the streaming path's fine buckets those shapes were too many, so nearly every batch
+ran eagerly (H200, 64 streams: 551 of 561 rows, the largest stage). Rows x token bucket is bounded by
+MAX_ENCODER_ROW_TOKENS (a graph's memory), the count by MAX_ROW_GRAPHS; past either the caller runs the
+rows eagerly and counts why (`eager_reason`).
 """
 
 from __future__ import annotations
@@ -41,8 +45,12 @@ PHONE_BUCKET = 32  # phonemes: a sentence's phonemes are right-padded to a multi
 MAX_TOKENS = 500  # longest prefix replayed from a graph (20 s at speed 1)
 MAX_PHONES = 512  # most phonemes replayed from a graph
 MAX_GRAPHS = 96  # encoder graphs kept; a new shape past that runs eagerly
-# The stream engine's encoder calls hold the windows of one CFM batch (ServingConfig.max_cfm_batch, 16)
-ENCODER_ROW_BUCKETS = (1, 2, 4, 8, 16)
+# The stream engine's encoder calls hold the windows of one CFM batch (ServingConfig.max_cfm_batch, 16);
+# its graphs pad rows, token prefixes and phonemes to these (the encoder's replay is launch-bound: a padded
+# row or token costs little next to an eager call, ~40 ms on the H200): per speed 16 + 16 + 12 graphs
+ENCODER_ROW_BUCKETS = (1, 4, 16)
+ENGINE_TOKEN_BUCKETS = (50, 100, 200, MAX_TOKENS)
+ENGINE_PHONE_BUCKETS = (64, 128, 256, MAX_PHONES)
 # rows x token bucket of one engine graph: its output alone is rows x 3.75 frames a token x inter2 (512)
 # values, 12 MB in fp16 at this bound (16 rows of 200-token prefixes, 8 s at speed 1)
 MAX_ENCODER_ROW_TOKENS = 16 * 200
@@ -242,6 +250,8 @@ class EncoderRowGraphs:
         row_buckets: Sequence[int] = ENCODER_ROW_BUCKETS,
         max_row_tokens: int = MAX_ENCODER_ROW_TOKENS,
         capture_on_use: bool = True,
+        token_buckets: Sequence[int] = ENGINE_TOKEN_BUCKETS,
+        phone_buckets: Sequence[int] = ENGINE_PHONE_BUCKETS,
     ):
         self.model, self.device = model, device
         # False: only `capture` captures; another key runs eagerly ('not_captured'), since a capture in
@@ -249,6 +259,7 @@ class EncoderRowGraphs:
         self.capture_on_use = capture_on_use
         self.row_buckets, self.max_row_tokens = tuple(sorted(row_buckets)), max_row_tokens
         assert self.row_buckets[0] == 1, "a batch of one window replays a graph too"
+        self.token_buckets, self.phone_buckets = tuple(sorted(token_buckets)), tuple(sorted(phone_buckets))
         self.runners: dict[float, BucketedGraphRunner] = {}
         self._slots: dict[RowEncoderKey, _RowSlots] = {}
         self.budget = GraphBudget(max_graphs)  # keys captured or being captured by the current runners
@@ -268,10 +279,7 @@ class EncoderRowGraphs:
     def runner(self, speed: float) -> BucketedGraphRunner:
         runner = self.runners.get(speed)
         if runner is None:
-            keys = [
-                (r, t, p) for r in self.row_buckets for t in range(TOKEN_BUCKET, MAX_TOKENS + 1, TOKEN_BUCKET)
-                for p in range(PHONE_BUCKET, MAX_PHONES + 1, PHONE_BUCKET) if r == 1 or r * t <= self.max_row_tokens
-            ]  # fmt: skip
+            keys = [k[:3] for k in self.all_keys(speed)]
             step = lambda key: self._step((*key, speed))  # noqa: E731
             # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
             runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
@@ -282,20 +290,29 @@ class EncoderRowGraphs:
     def captured(self) -> list[RowEncoderKey]:
         return [(r, t, p, s) for s, run in self.runners.items() for r, t, p in run.captured_buckets]
 
+    def all_keys(self, speed: float) -> list[RowEncoderKey]:
+        """Every graph at `speed`: each (row, token, phoneme) bucket whose rows x tokens fit max_row_tokens."""
+        return [
+            (r, t, p, float(speed)) for r in self.row_buckets for t in self.token_buckets for p in self.phone_buckets
+            if r == 1 or r * t <= self.max_row_tokens
+        ]  # fmt: skip
+
     def rows_per_call(self, n_tokens: int) -> int:
         """Most rows one graph holds when its longest prefix has n_tokens (rows x bucket bounded)."""
-        t = round_up(n_tokens, TOKEN_BUCKET)
+        t = pick_bucket(n_tokens, self.token_buckets)
         return max([r for r in self.row_buckets if r * t <= self.max_row_tokens], default=1)
 
-    @staticmethod
-    def is_in_range(n_tokens: int, n_phones: int) -> bool:
+    def is_in_range(self, n_tokens: int, n_phones: int) -> bool:
         """Whether a window of n_tokens, n_phones fits a graph at all (else it runs eagerly, 'too_long')."""
-        t, p, _ = encoder_key(n_tokens, n_phones, 1.0)
-        return t <= MAX_TOKENS and p <= MAX_PHONES
+        return n_tokens <= self.token_buckets[-1] and n_phones <= self.phone_buckets[-1]
 
     def key(self, n_rows: int, n_tokens: int, n_phones: int, speed: float) -> RowEncoderKey:
-        """The graph of n_rows windows (n_rows <= the largest row bucket) of <= n_tokens, <= n_phones."""
-        return (pick_bucket(n_rows, self.row_buckets), *encoder_key(n_tokens, n_phones, speed))
+        """The graph of n_rows windows (n_rows <= the largest row bucket) of <= n_tokens, <= n_phones
+        (`is_in_range`)."""
+        return (
+            pick_bucket(n_rows, self.row_buckets), pick_bucket(n_tokens, self.token_buckets),
+            pick_bucket(n_phones, self.phone_buckets), float(speed),
+        )  # fmt: skip
 
     def eager_reason(self, key: RowEncoderKey) -> str | None:
         """None when `key` replays a graph (captured, or in range with room to capture it); else why its
@@ -308,13 +325,15 @@ class EncoderRowGraphs:
 
     def _why_eager(self, key: RowEncoderKey) -> str | None:
         r, t, p, _ = key
-        is_long = t > MAX_TOKENS or p > MAX_PHONES or (r > 1 and r * t > self.max_row_tokens)
+        too_many = t > self.token_buckets[-1] or p > self.phone_buckets[-1]
+        is_long = too_many or (r > 1 and r * t > self.max_row_tokens)
 
         def say(_: str) -> None:
             log.warning(
                 "stream engine: SoVITS encoder of %d rows, %d tokens, %d phonemes (buckets) at speed %g runs "
                 "eagerly: graphs hold <= %d tokens, <= %d phonemes, rows x tokens <= %d, at most %d shapes "
-                "(%d captured)", *key, MAX_TOKENS, MAX_PHONES, self.max_row_tokens, self.budget.max_graphs,
+                "(%d captured)", *key, self.token_buckets[-1], self.phone_buckets[-1], self.max_row_tokens,
+                self.budget.max_graphs,
                 len(self._keys),
             )  # fmt: skip
 

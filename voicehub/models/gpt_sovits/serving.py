@@ -48,16 +48,10 @@ from voicehub.models.gpt_sovits.batch_acoustic import (
     solve_pieces,
     vocode_windows,
 )
-from voicehub.models.gpt_sovits.encoder_graphs import PHONE_BUCKET, EncoderRowGraphs, RowEncoderKey
+from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs, RowEncoderKey
 from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
 from voicehub.models.gpt_sovits.pipeline import MAX_SEED
-from voicehub.models.gpt_sovits.serving_config import (
-    ENGINE_ENCODER_LOAD_PHONES,
-    ENGINE_ENCODER_LOAD_WINDOWS,
-    ENGINE_LOAD_WINDOWS,
-    EngineStats,
-    ServingConfig,
-)
+from voicehub.models.gpt_sovits.serving_config import ENGINE_LOAD_WINDOWS, EngineStats, ServingConfig
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
@@ -140,22 +134,16 @@ class StreamEngine:
 
     def encoder_start_keys(self) -> list[RowEncoderKey]:
         """(rows, tokens, phonemes, speed) encoder graphs the engine captures when it starts, with the
-        model's graph preset `full` or `minimal` (see ENGINE_ENCODER_LOAD_WINDOWS; other shapes then run
-        eagerly, 'not_captured'); else none (`lazy`: each on first use)."""
+        model's graph preset `full` or `minimal`: every shape of its coarse buckets (encoder_graphs.py) up to
+        its batches' rows, at LOAD_SPEEDS (other speeds then run eagerly, 'not_captured'); else none
+        (`lazy`: each on first use)."""
         graphs, config = self.encoder_graphs, self.config
         preset = None if graphs is None else self.pipeline.acoustic_graphs.preset
         if preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
             return []
         most = pick_bucket(min(config.max_cfm_batch, config.max_encoder_batch, graphs.row_buckets[-1]),
                            graphs.row_buckets)  # fmt: skip
-        keys = {
-            graphs.key(r, k * config.chunk_tokens, p, speed)
-            for r in graphs.row_buckets if r <= most
-            for k in range(1, ENGINE_ENCODER_LOAD_WINDOWS + 1)
-            for p in range(PHONE_BUCKET, ENGINE_ENCODER_LOAD_PHONES + 1, PHONE_BUCKET)
-            for speed in LOAD_SPEEDS
-        }  # fmt: skip
-        return sorted(k for k in keys if graphs.rows_per_call(k[1]) >= k[0])
+        return [k for s in LOAD_SPEEDS for k in graphs.all_keys(s) if k[0] <= most]
 
     def _capture_encoder_graphs(self) -> list[RowEncoderKey]:
         keys = self.encoder_start_keys()

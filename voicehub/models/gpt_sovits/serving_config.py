@@ -14,12 +14,6 @@ from voicehub.models.gpt_sovits.batch_acoustic import EncoderCalls, VocoderCalls
 # 17% more vocoded frames at 1.3. 16 wastes less (112 at 1.3) but needs nine lengths; 64 makes 1.0's 192.
 VOCODER_BUCKET_FRAMES = 32
 ENGINE_LOAD_WINDOWS = 4  # a long sentence's first windows whose lengths the engine captures at start
-# SoVITS encoder graphs the engine captures at start (preset full): every row bucket up to its batches'
-# rows, for the token prefixes of a sentence's first ENGINE_ENCODER_LOAD_WINDOWS windows (a batch takes
-# its longest row's bucket) and phoneme buckets up to ENGINE_ENCODER_LOAD_PHONES, at LOAD_SPEEDS:
-# 5 x 2 x 2 x 2 = 40 graphs at the defaults; later shapes are captured on first use.
-ENGINE_ENCODER_LOAD_WINDOWS = 2
-ENGINE_ENCODER_LOAD_PHONES = 64
 
 
 @dataclass(frozen=True)
