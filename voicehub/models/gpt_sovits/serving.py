@@ -143,7 +143,7 @@ class StreamEngine:
             return []
         most = pick_bucket(min(config.max_cfm_batch, config.max_encoder_batch, graphs.row_buckets[-1]),
                            graphs.row_buckets)  # fmt: skip
-        return [k for s in LOAD_SPEEDS for k in graphs.all_keys(s) if k[0] <= most]
+        return sorted(k for s in LOAD_SPEEDS for k in graphs.all_keys(s) if k[0] <= most)
 
     def _capture_encoder_graphs(self) -> list[RowEncoderKey]:
         keys = self.encoder_start_keys()
