@@ -146,6 +146,7 @@ def run_level(engine: StreamEngine, voice: Voice, level: int, args, mix: dict[st
     rng = np.random.default_rng(level)
     rate = level / expected_seconds(args, mix)  # arrivals per second (Little's law)
     kinds, weights = list(mix), np.array(list(mix.values())) / sum(mix.values())
+    engine.stats.round_s_max = 0.0  # this level's longest round (the other counters are diffed)
     stats0, steps0 = dict(engine.stats.to_dict()), engine.scheduler.n_steps
     records: list[Record] = []
     t0 = time.perf_counter()
@@ -219,6 +220,15 @@ def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) 
         "encoder": {k: stats[k] for k in ("encoder_calls", "encoder_rows", "encoder_replayed",
                                           "encoder_padded_rows", "encoder_eager")},
         "rounds": stats["rounds"],
+        # stalls: the longest round, rounds over SLOW_ROUND_S, graphs captured inside rounds, and the
+        # slowest first audios with when their streams arrived (clustered arrivals point at one stall)
+        "round_s_max": stats["round_s_max"],
+        "slow_rounds": stats["slow_rounds"],
+        "captures_in_rounds": stats["captures_in_rounds"],
+        "slowest_first_audio": [
+            {"arrival_s": r.arrival - t0, "first_audio_s": f, "kind": r.kind}
+            for r, f in sorted(((r, r.first_audio()) for r in done if r.chunks), key=lambda x: -x[1])[:8]
+        ],
     }  # fmt: skip
 
 

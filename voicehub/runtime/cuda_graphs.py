@@ -109,6 +109,11 @@ class BucketedGraphRunner:
     def captured_buckets(self) -> list[Hashable]:
         return [b for b in self.buckets if b in self._graphs]
 
+    @property
+    def n_captured(self) -> int:
+        """How many graphs are held (cheap: for counters read every round)."""
+        return len(self._graphs)
+
     def _capture(self, bucket: Hashable) -> _Captured:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))

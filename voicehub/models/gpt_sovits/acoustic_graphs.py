@@ -396,6 +396,13 @@ class AcousticGraphs:
         return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames,
                 "vocoder_masked": masked, "encoder_keys": encoder_keys, "capture_s": seconds}  # fmt: skip
 
+    def n_captured(self) -> int:
+        """Graphs held now over the CFM, vocoder and encoder (cheap: the engine reads it every round)."""
+        runners = [*self.cfm.runners.values(), self.vocoder.runner]
+        if self.encoder is not None:
+            runners += list(self.encoder.runners.values())
+        return sum(r.n_captured for r in runners if r is not None)
+
     def info(self) -> dict[str, Any]:
         """JSON-ready: the preset and what is captured now."""
         return {

@@ -290,6 +290,10 @@ class EncoderRowGraphs:
     def captured(self) -> list[RowEncoderKey]:
         return [(r, t, p, s) for s, run in self.runners.items() for r, t, p in run.captured_buckets]
 
+    @property
+    def n_captured(self) -> int:
+        return sum(run.n_captured for run in self.runners.values())
+
     def all_keys(self, speed: float) -> list[RowEncoderKey]:
         """Every graph at `speed`: each (row, token, phoneme) bucket whose rows x tokens fit max_row_tokens."""
         return [

@@ -51,7 +51,12 @@ from voicehub.models.gpt_sovits.batch_acoustic import (
 from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs, RowEncoderKey
 from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
 from voicehub.models.gpt_sovits.pipeline import MAX_SEED
-from voicehub.models.gpt_sovits.serving_config import ENGINE_LOAD_WINDOWS, EngineStats, ServingConfig
+from voicehub.models.gpt_sovits.serving_config import (
+    ENGINE_LOAD_WINDOWS,
+    SLOW_ROUND_S,
+    EngineStats,
+    ServingConfig,
+)
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
@@ -195,7 +200,23 @@ class StreamEngine:
     @torch.inference_mode()
     def step(self) -> bool:
         """One round (see the module docstring); returns whether any stream is left."""
-        self.stats.rounds += 1
+        t_round, graphs_before = time.perf_counter(), self._graphs_held()
+        try:
+            return self._round()
+        finally:
+            took = time.perf_counter() - t_round
+            self.stats.rounds += 1
+            self.stats.round_s_max = max(self.stats.round_s_max, took)
+            self.stats.slow_rounds += took > SLOW_ROUND_S
+            self.stats.captures_in_rounds += self._graphs_held() - graphs_before
+
+    def _graphs_held(self) -> int:
+        """CUDA graphs of the acoustic stage and of the engine's encoder held now (T2S's are not counted)."""
+        acoustic = self.pipeline.acoustic_graphs
+        held = 0 if acoustic is None else acoustic.n_captured()
+        return held + (0 if self.encoder_graphs is None else self.encoder_graphs.n_captured)
+
+    def _round(self) -> bool:
         self._drop_cancelled()
         self._set_up_new()
         self._admit()

@@ -56,6 +56,9 @@ class ServingConfig:
             raise ValueError("ServingConfig: max_queue and urgent_s must be >= 0")
 
 
+SLOW_ROUND_S = 0.1  # a round longer than this counts in EngineStats.slow_rounds
+
+
 @dataclass
 class EngineStats:
     """Counters since the engine was built (seconds are host time; a CUDA stage is timed to its sync).
@@ -65,9 +68,14 @@ class EngineStats:
     batch_acoustic.VocoderCalls); vocoder_flushes: times held windows were vocoded. encoder_calls /
     encoder_rows: SoVITS encoder calls (graph replays and eager calls) and rows; encoder_replayed: rows
     replayed from graphs (encoder_padded_rows: zero rows padding them to a row bucket); encoder_eager:
-    rows run eagerly, by reason (see batch_acoustic.EncoderCalls)."""
+    rows run eagerly, by reason (see batch_acoustic.EncoderCalls). round_s_max: the longest round;
+    slow_rounds: rounds longer than SLOW_ROUND_S; captures_in_rounds: CUDA graphs captured inside rounds
+    (first uses of the acoustic stage's and the engine encoder's shapes: each stalls every stream)."""
 
     rounds: int = 0
+    round_s_max: float = 0.0
+    slow_rounds: int = 0
+    captures_in_rounds: int = 0
     t2s_s: float = 0.0
     cfm_calls: int = 0
     cfm_rows: int = 0
