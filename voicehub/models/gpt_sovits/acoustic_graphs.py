@@ -340,6 +340,17 @@ class AcousticGraphs:
                 self.vocoder.capture(n_frames, n_rows)
             return sorted({self.vocoder.key(r, n) for r, n in shapes} & set(self.vocoder.captured))
 
+    @torch.inference_mode()
+    def capture_cfm(self, keys: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Capture CFM graphs of (rows, frames) `keys` at COMMON_SAMPLE_STEPS (each once; largest first: later
+        captures reuse the pool's memory); returns the keys held now at those steps."""
+        with self._lock:
+            for n_steps in COMMON_SAMPLE_STEPS:
+                for key in sorted(keys, key=lambda k: (-k[0] * k[1], -k[0])):
+                    self.cfm.capture(n_steps, key)
+            held = set.intersection(*(set(self.cfm.runner(n).captured_buckets) for n in COMMON_SAMPLE_STEPS))
+            return sorted(set(keys) & held)
+
     def load_time_shapes(self, prompt_frames: int | None) -> tuple[list[tuple[int, int]], list[int]]:
         """What the preset captures at load: (CFM (rows, frames) buckets, vocoder window lengths), for
         a voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s).

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from voicehub.errors import InvalidTextError
-from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS
+from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, cfm_piece_frames
 from voicehub.models.gpt_sovits.batch_acoustic import (
     CfmPiece,
     EncoderRow,
@@ -58,6 +58,7 @@ from voicehub.models.gpt_sovits.serving_config import (
     ServingConfig,
 )
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
+from voicehub.models.gpt_sovits.sovits.synth import T_REF
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
 from voicehub.runtime.cuda_graphs import GraphPreset
@@ -109,11 +110,31 @@ class StreamEngine:
         t0 = time.perf_counter()
         self.vocoder_graphs_at_start = self._capture_vocoder_graphs()
         self.encoder_graphs_at_start = self._capture_encoder_graphs()
+        keys = self.cfm_start_keys()
+        self.cfm_graphs_at_start = pipeline.acoustic_graphs.capture_cfm(keys) if keys else []
         log.info(
-            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder and %d encoder graphs captured "
-            "in %.2f s, %s", sizes.max_batch, preset, len(self.vocoder_graphs_at_start),
-            len(self.encoder_graphs_at_start), time.perf_counter() - t0, self.config,
+            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder, %d encoder and %d CFM graphs "
+            "captured in %.2f s, %s", sizes.max_batch, preset, len(self.vocoder_graphs_at_start),
+            len(self.encoder_graphs_at_start), len(self.cfm_graphs_at_start), time.perf_counter() - t0,
+            self.config,
         )  # fmt: skip
+
+    def cfm_start_keys(self) -> list[tuple[int, int]]:
+        """(rows, frames) CFM graphs the engine captures when it starts, with the model's graph preset `full`
+        or `minimal`: every row bucket up to its CFM batches' rows, for the pieces of a long sentence's first
+        ENGINE_LOAD_WINDOWS windows at the common speeds, prompted by a reference of 5 s or more (T_REF
+        frames); at the fast preset's steps. Else none. Other shapes are captured on first use, inside a
+        round (`stats.captures_in_rounds`)."""
+        graphs = self.pipeline.acoustic_graphs
+        if graphs is None or graphs.preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
+            return []
+        rows = graphs.cfm.row_buckets
+        most = pick_bucket(min(self.config.max_cfm_batch, rows[-1]), rows)
+        frames = {
+            n for speed in LOAD_SPEEDS
+            for n in cfm_piece_frames(T_REF, self.config.chunk_tokens, speed, ENGINE_LOAD_WINDOWS)
+        }  # fmt: skip
+        return sorted({graphs.cfm.key(r, n) for r in rows if r <= most for n in frames})
 
     def vocoder_start_shapes(self) -> list[tuple[int, int]]:
         """(rows, frames) vocoder graphs the engine captures when it starts: with the model's graph preset
