@@ -30,6 +30,7 @@ from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.cfm import solve
 from voicehub.models.gpt_sovits.cfm.schedule import dyadic_steps
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
+from voicehub.models.gpt_sovits.engine_start import cfm_start_keys, vocoder_start_shapes
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
@@ -317,11 +318,10 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
         at_start = [k for k in captured[: len(captured) - n_cfm] if len(k) == 2]
         assert len(captured) == len(at_start) + len(engine.encoder_graphs_at_start) + n_cfm > len(at_start)
         # CFM: every row bucket up to 16 of a long sentence's first pieces (2 frame buckets at T_REF)
-        assert n_cfm and captured[-n_cfm:] == sorted(
-            engine.cfm_start_keys(), key=lambda k: (-k[0] * k[1], -k[0])
-        )
+        largest_first = lambda k: (-k[0] * k[1], -k[0])  # noqa: E731
+        assert n_cfm and captured[-n_cfm:] == sorted(cfm_start_keys(pipe, config), key=largest_first)
         assert {r for r, _ in engine.cfm_graphs_at_start} == {1, 2, 4, 8, 16}
-        assert at_start == sorted(engine.vocoder_start_shapes(), key=lambda k: (-k[0] * k[1], -k[0]))
+        assert at_start == sorted(vocoder_start_shapes(pipe, config), key=largest_first)
         assert {r for r, _ in at_start} == {1, 2, 4} and all(n % 32 == 0 for _, n in at_start)
         requests = [
             ("Good morning.", dict(seed=3, force_n_tokens=20, sample_steps=2)),

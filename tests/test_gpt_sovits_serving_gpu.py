@@ -16,6 +16,7 @@ from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa:
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.batch_acoustic import EncoderRow, encode_rows
+from voicehub.models.gpt_sovits.engine_start import encoder_start_keys
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
 from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S
 
@@ -81,7 +82,9 @@ def test_cuda_engine_encoder_graphs_equal_eager_encode_rows(cuda, tiny_set, dtyp
     model = load(tiny_set, device=cuda, dtype=dtype, cuda_graph_preset="full")
     engine = StreamEngine(model, ServingConfig(max_streams=4))
     graphs, sovits = engine.encoder_graphs, model.pipeline.sovits
-    assert graphs is not None and engine.encoder_graphs_at_start == engine.encoder_start_keys()
+    assert graphs is not None and engine.encoder_graphs_at_start == encoder_start_keys(
+        engine.pipeline, engine.config, engine.encoder_graphs
+    )
     g, a = torch.Generator().manual_seed(0), sovits.arch
     shapes = [(50, 40, 1.3), (25, 20, 1.3), (13, 70, 1.3), (75, 12, 1.1), (40, 33, 1.1), (25, 9, 1.0)]
     rows = [

@@ -38,31 +38,23 @@ from typing import Any
 import torch
 
 from voicehub.errors import InvalidTextError
-from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, cfm_piece_frames
 from voicehub.models.gpt_sovits.batch_acoustic import (
     CfmPiece,
     EncoderRow,
     VocoderWindow,
     encode_rows,
-    engine_window_frames,
     solve_pieces,
     vocode_windows,
 )
-from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs, RowEncoderKey
+from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs
+from voicehub.models.gpt_sovits.engine_start import capture_start_graphs
 from voicehub.models.gpt_sovits.model import GptSovitsModel, uses_graph_decoder
 from voicehub.models.gpt_sovits.pipeline import MAX_SEED
-from voicehub.models.gpt_sovits.serving_config import (
-    ENGINE_LOAD_WINDOWS,
-    SLOW_ROUND_S,
-    EngineStats,
-    ServingConfig,
-)
+from voicehub.models.gpt_sovits.serving_config import SLOW_ROUND_S, EngineStats, ServingConfig
 from voicehub.models.gpt_sovits.serving_stream import StreamRun, SynthesisStream
-from voicehub.models.gpt_sovits.sovits.synth import T_REF
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, T2SRequest
 from voicehub.runtime.cuda_graphs import GraphPreset
-from voicehub.runtime.kv_cache import pick_bucket
 from voicehub.runtime.round_loop import RoundLoop
 from voicehub.runtime.scheduler import ContinuousScheduler, QueueFullError, StreamCancelledError
 from voicehub.text.limits import check_text
@@ -108,76 +100,13 @@ class StreamEngine:
             on_use = pipeline.acoustic_graphs.preset is GraphPreset.LAZY
             self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device, capture_on_use=on_use)
         t0 = time.perf_counter()
-        self.vocoder_graphs_at_start = self._capture_vocoder_graphs()
-        self.encoder_graphs_at_start = self._capture_encoder_graphs()
-        keys = self.cfm_start_keys()
-        self.cfm_graphs_at_start = pipeline.acoustic_graphs.capture_cfm(keys) if keys else []
+        at_start = capture_start_graphs(pipeline, self.config, self.encoder_graphs)
+        self.vocoder_graphs_at_start, self.encoder_graphs_at_start, self.cfm_graphs_at_start = at_start
         log.info(
             "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder, %d encoder and %d CFM graphs "
-            "captured in %.2f s, %s", sizes.max_batch, preset, len(self.vocoder_graphs_at_start),
-            len(self.encoder_graphs_at_start), len(self.cfm_graphs_at_start), time.perf_counter() - t0,
-            self.config,
+            "captured in %.2f s, %s", sizes.max_batch, preset, *(len(k) for k in at_start),
+            time.perf_counter() - t0, self.config,
         )  # fmt: skip
-
-    def cfm_start_keys(self) -> list[tuple[int, int]]:
-        """(rows, frames) CFM graphs the engine captures when it starts, with the model's graph preset `full`
-        or `minimal`: every row bucket up to its CFM batches' rows, for the pieces of a long sentence's first
-        ENGINE_LOAD_WINDOWS windows at the common speeds, prompted by a reference of 5 s or more (T_REF
-        frames); at the fast preset's steps. Else none. Other shapes are captured on first use, inside a
-        round (`stats.captures_in_rounds`)."""
-        graphs = self.pipeline.acoustic_graphs
-        if graphs is None or graphs.preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
-            return []
-        rows = graphs.cfm.row_buckets
-        most = pick_bucket(min(self.config.max_cfm_batch, rows[-1]), rows)
-        frames = {
-            n for speed in LOAD_SPEEDS
-            for n in cfm_piece_frames(T_REF, self.config.chunk_tokens, speed, ENGINE_LOAD_WINDOWS)
-        }  # fmt: skip
-        return sorted({graphs.cfm.key(r, n) for r in rows if r <= most for n in frames})
-
-    def vocoder_start_shapes(self) -> list[tuple[int, int]]:
-        """(rows, frames) vocoder graphs the engine captures when it starts: with the model's graph preset
-        `full`, every row bucket of every grid length up to the longest of a long sentence's first
-        ENGINE_LOAD_WINDOWS windows at the common chunk and speeds (a sentence's last window may take any
-        of them); `minimal` those windows' lengths only; else none (each captured on first use)."""
-        graphs, bucket = self.pipeline.acoustic_graphs, self.config.vocoder_bucket_frames
-        if graphs is None or bucket == 1 or graphs.preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
-            return []
-        conf = self.pipeline.vocoder.conf
-        windows = {
-            n for speed in LOAD_SPEEDS for n in engine_window_frames(
-                conf.hop_size, conf.sampling_rate, self.config.chunk_tokens, speed, bucket, ENGINE_LOAD_WINDOWS
-            )
-        }  # fmt: skip
-        lengths = windows if graphs.preset is GraphPreset.MINIMAL else range(bucket, max(windows) + 1, bucket)
-        shapes = []
-        for n in sorted(n for n in lengths if n % bucket == 0):
-            rows = min(self.config.max_vocoder_batch, graphs.vocoder.rows_per_call(n))
-            most, _ = graphs.vocoder.key(rows, n)  # the largest row bucket a call of n frames takes
-            shapes += [(r, n) for r in graphs.vocoder.row_buckets if r <= most]
-        return shapes
-
-    def encoder_start_keys(self) -> list[RowEncoderKey]:
-        """(rows, tokens, phonemes, speed) encoder graphs the engine captures when it starts, with the
-        model's graph preset `full` or `minimal`: every shape of its coarse buckets (encoder_graphs.py) up to
-        its batches' rows, at LOAD_SPEEDS (other speeds then run eagerly, 'not_captured'); else none
-        (`lazy`: each on first use)."""
-        graphs, config = self.encoder_graphs, self.config
-        preset = None if graphs is None else self.pipeline.acoustic_graphs.preset
-        if preset not in (GraphPreset.FULL, GraphPreset.MINIMAL):
-            return []
-        most = pick_bucket(min(config.max_cfm_batch, config.max_encoder_batch, graphs.row_buckets[-1]),
-                           graphs.row_buckets)  # fmt: skip
-        return sorted(k for s in LOAD_SPEEDS for k in graphs.all_keys(s) if k[0] <= most)
-
-    def _capture_encoder_graphs(self) -> list[RowEncoderKey]:
-        keys = self.encoder_start_keys()
-        return self.encoder_graphs.capture(keys) if keys else []
-
-    def _capture_vocoder_graphs(self) -> list[tuple[int, int]]:
-        shapes = self.vocoder_start_shapes()
-        return self.pipeline.acoustic_graphs.capture_vocoder(shapes) if shapes else []
 
     # -- requests (any thread) --------------------------------------------------------------------
 
