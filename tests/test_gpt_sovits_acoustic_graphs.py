@@ -311,16 +311,18 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
     pipe = model.pipeline
     pipe.acoustic_graphs = _graphs(pipe, "full")
     try:
-        config = ServingConfig(max_streams=3, max_vocoder_batch=4, chunk_tokens=8, vocoder_bucket_frames=32)
+        config = ServingConfig(
+            max_streams=3, max_vocoder_batch=4, chunk_tokens=8, vocoder_bucket_frames=32, max_cfm_batch=4
+        )
         engine = StreamEngine(model, config)
         # the vocoder's (rows, frames), then the encoder's (3 long), then the CFM's (rows, frames)
         n_cfm = len(engine.cfm_graphs_at_start)
         at_start = [k for k in captured[: len(captured) - n_cfm] if len(k) == 2]
         assert len(captured) == len(at_start) + len(engine.encoder_graphs_at_start) + n_cfm > len(at_start)
-        # CFM: every row bucket up to 16 of a long sentence's first pieces (2 frame buckets at T_REF)
+        # CFM: every row bucket up to max_cfm_batch of a long sentence's first pieces (2 frame buckets at T_REF)
         largest_first = lambda k: (-k[0] * k[1], -k[0])  # noqa: E731
         assert n_cfm and captured[-n_cfm:] == sorted(cfm_start_keys(pipe, config), key=largest_first)
-        assert {r for r, _ in engine.cfm_graphs_at_start} == {1, 2, 4, 8, 16}
+        assert {r for r, _ in engine.cfm_graphs_at_start} == {1, 2, 4}
         assert at_start == sorted(vocoder_start_shapes(pipe, config), key=largest_first)
         assert {r for r, _ in at_start} == {1, 2, 4} and all(n % 32 == 0 for _, n in at_start)
         requests = [
