@@ -12,7 +12,7 @@ from voicehub.models.gpt_sovits.bigvgan.windows import (
     plan_windows,
     receptive_field,
     vocode_masked_rows,
-    vocode_windows,
+    vocode_windowed,
 )
 
 HOP = 256
@@ -70,7 +70,7 @@ def test_published_config_reach():
 @pytest.mark.parametrize("rows_per_call", [1, 3])
 def test_windows_equal_one_shot_vocoding(vocoder, n_frames: int, rows_per_call: int):
     mel = _mel(n_frames, seed=n_frames)
-    got = vocode_windows(vocoder, mel, width=64, rows_per_call=rows_per_call)
+    got = vocode_windowed(vocoder, mel, width=64, rows_per_call=rows_per_call)
     want = vocode(vocoder, mel)
     assert got.shape == want.shape
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
@@ -78,7 +78,7 @@ def test_windows_equal_one_shot_vocoding(vocoder, n_frames: int, rows_per_call: 
 
 def test_too_little_context_shows(vocoder):
     mel = _mel(190, seed=5)
-    got = vocode_windows(vocoder, mel, width=64, rows_per_call=2, context=2)
+    got = vocode_windowed(vocoder, mel, width=64, rows_per_call=2, context=2)
     assert not torch.allclose(got, vocode(vocoder, mel), atol=1e-3)
 
 

@@ -83,6 +83,11 @@ ENCODER_LOAD_PHONES = {GraphPreset.FULL: 128, GraphPreset.MINIMAL: 64}  # ... fo
 log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
+def _largest_first(key: tuple[int, int]) -> tuple[int, int]:
+    """Sort key of (rows, frames) captures: largest first, so later captures reuse the pool's memory."""
+    return -key[0] * key[1], -key[0]
+
+
 def cfm_frame_buckets(step: int = CFM_FRAME_BUCKET, largest: int = T_CHUNK) -> tuple[int, ...]:
     """Frame buckets of the CFM graphs: the multiples of `step` up to the first that holds `largest`
     (every bucket a multiple of 8 frames, as the masked attention kernels like their rows aligned)."""
@@ -336,7 +341,7 @@ class AcousticGraphs:
         """Capture vocoder graphs of (rows, frames) `shapes` (largest first: later captures reuse the
         pool's memory), each once; returns the graphs' keys that exist now."""
         with self._lock:
-            for n_rows, n_frames in sorted(shapes, key=lambda k: (-k[0] * k[1], -k[0])):
+            for n_rows, n_frames in sorted(shapes, key=_largest_first):
                 self.vocoder.capture(n_frames, n_rows)
             return sorted({self.vocoder.key(r, n) for r, n in shapes} & set(self.vocoder.captured))
 
@@ -346,7 +351,7 @@ class AcousticGraphs:
         captures reuse the pool's memory); returns the keys held now at those steps."""
         with self._lock:
             for n_steps in COMMON_SAMPLE_STEPS:
-                for key in sorted(keys, key=lambda k: (-k[0] * k[1], -k[0])):
+                for key in sorted(keys, key=_largest_first):
                     self.cfm.capture(n_steps, key)
             held = set.intersection(*(set(self.cfm.runner(n).captured_buckets) for n in COMMON_SAMPLE_STEPS))
             return sorted(set(keys) & held)

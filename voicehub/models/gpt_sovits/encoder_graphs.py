@@ -88,6 +88,7 @@ def decode_encp_without_cudnn(
     return without_cudnn(model.decode_encp)(codes, text, ge, speed)
 
 
+@torch.no_grad()
 def decode_encp_bucketed(
     model: SynthesizerV3, codes: torch.Tensor, text: torch.Tensor, ge: torch.Tensor, speed: float = 1.0
 ) -> torch.Tensor:

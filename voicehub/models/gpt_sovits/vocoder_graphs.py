@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
-from voicehub.models.gpt_sovits.bigvgan.windows import receptive_field, vocode_windows
+from voicehub.models.gpt_sovits.bigvgan.windows import receptive_field, vocode_windowed
 from voicehub.models.gpt_sovits.encoder_graphs import forwards_of
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
 from voicehub.runtime.kv_cache import pick_bucket
@@ -200,7 +200,7 @@ class VocoderGraphs:
         of the whole mel up to float rounding, from masked graphs (module docstring), each captured on first
         use unless `capture_masked` ran."""
         self.current_runner()  # drops the graphs if what the vocoder runs changed
-        return vocode_windows(self.vocoder, mel, self.sentence_width, self.sentence_rows, self._replay_masked,
+        return vocode_windowed(self.vocoder, mel, self.sentence_width, self.sentence_rows, self._replay_masked,
                               context=self.context)  # fmt: skip
 
     def _replay_masked(self, mels: Sequence[torch.Tensor], width: int) -> torch.Tensor:

@@ -90,7 +90,7 @@ def vocode_masked_rows(vocoder: BigVGAN, mels: Sequence[torch.Tensor], width: in
     return vocode(vocoder, batch, valid)
 
 
-def vocode_windows(
+def vocode_windowed(
     vocoder: BigVGAN,
     mel: torch.Tensor,
     width: int,
