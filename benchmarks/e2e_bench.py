@@ -228,11 +228,13 @@ def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dic
 
     # Instance attributes shadow the methods; the eager path reads streaming's module-level solve/vocode.
     owner = graphs if graphs is not None else streaming
-    saved = {"solve": owner.solve, "vocode": owner.vocode}
+    vocode_name = "vocode_mel" if graphs is not None else "vocode"  # what the streamed path vocodes with
+    saved = {"solve": owner.solve, "vocode": getattr(owner, vocode_name)}
     pipe.sovits.decode_encp = timed("encoder", pipe.sovits.decode_encp)
     if graphs is not None:  # the streamed path encodes through the graphs (encoder_graphs.py)
         graphs.encode = timed("encoder", graphs.encode)
-    owner.solve, owner.vocode = timed("cfm", saved["solve"]), timed("vocoder", saved["vocode"])
+    owner.solve = timed("cfm", saved["solve"])
+    setattr(owner, vocode_name, timed("vocoder", saved["vocode"]))
     pipe.text_features = timed("text", pipe.text_features)
     if decoder is not None:  # decode_iter loads the row through the instance attribute
         decoder._load_row = timed("prefill", decoder._load_row)
@@ -254,7 +256,7 @@ def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dic
         else:
             streaming.encode_prompt = saved["encode_prompt"]
         if graphs is not None:
-            del graphs.solve, graphs.vocode, graphs.encode
+            del graphs.solve, graphs.vocode_mel, graphs.encode
         else:
             streaming.solve, streaming.vocode = saved["solve"], saved["vocode"]
     ms = {k: v * 1e3 for k, v in spans.items()}

@@ -165,28 +165,34 @@ def test_cfm_cache_keys(model, captured):
             del block.forward
 
 
-def test_vocoder_graphs_per_exact_length(model, captured, caplog):
+def test_vocoder_row_graphs_per_exact_length(model, captured, caplog):
     voc = model.pipeline.vocoder
     graphs = _graphs(model.pipeline)
     g = torch.Generator().manual_seed(0)
     mels = {n: torch.randn(1, 100, n, generator=g) - 6 for n in (30, 31, 32)}
+
+    def window(mel):  # as the engine runs one window: a graph when eager_reason says so, else eagerly
+        if graphs.vocoder_eager_reason(1, mel.shape[2]) is not None:
+            return vocode(voc, mel)
+        return graphs.vocode_rows(voc, [mel[0]])
+
     with torch.inference_mode():
-        first = graphs.vocode(voc, mels[30])
+        first = window(mels[30])
         assert torch.equal(first, vocode(voc, mels[30]))
-        again = graphs.vocode(voc, mels[30] + 0.5)  # same length: a replay with the new input
+        again = window(mels[30] + 0.5)  # same length: a replay with the new input
         assert torch.equal(again, vocode(voc, mels[30] + 0.5)) and torch.equal(first, vocode(voc, mels[30]))
-        graphs.vocode(voc, mels[31])
+        window(mels[31])
         assert captured == [(1, 30), (1, 31)]
         graphs.vocoder.budget.max_graphs = 2  # full: a new length runs eagerly, said once
         with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
             for _ in range(2):
-                assert torch.equal(graphs.vocode(voc, mels[32]), vocode(voc, mels[32]))
+                assert torch.equal(window(mels[32]), vocode(voc, mels[32]))
         assert captured == [(1, 30), (1, 31)]
         assert sum("runs eagerly" in r.message for r in caplog.records) == 1
         kernel = voc.activation_post.kernel
         previous = voc.set_activation_kernel(lambda *args: kernel(*args))  # another kernel: graphs go
         try:
-            assert torch.equal(graphs.vocode(voc, mels[31]), vocode(voc, mels[31]))
+            assert torch.equal(window(mels[31]), vocode(voc, mels[31]))
             assert captured[-1] == (1, 31) and graphs.vocoder.captured == [(1, 31)]
         finally:
             voc.set_activation_kernel(previous)
@@ -200,9 +206,10 @@ def test_load_time_shapes_per_preset(model):
     assert sorted(full_cfm) == sorted((1, f) for f in cfm_frame_buckets()) and len(full_cfm) == 15
     assert max(cfm_frame_buckets()) >= 934 and all(f % 64 == 0 for f in cfm_frame_buckets())
     assert minimal_cfm and set(minimal_cfm) < set(full_cfm)
-    assert minimal_voc and set(minimal_voc) < set(full_voc)
-    # fast preset, 25 tokens: the first window is all the first window's frames (73 at speed 1.3)
-    assert feature_frames(25, 1.3) in minimal_voc
+    assert len(full_voc) == 10 and set(minimal_voc) < set(full_voc)
+    # the first two windows of 25 tokens at both load speeds (73-120 frames; the first is all the first
+    # window's frames, 73 at speed 1.3): one masked graph of 128 frames
+    assert feature_frames(25, 1.3) == 73 and minimal_voc == [(1, 128, "masked")]
 
 
 def _stream(pipe: Pipeline, ref, sentence, params):
@@ -222,7 +229,7 @@ def test_stream_with_graphs_equals_eager_and_load_captures_its_first_chunks(mode
     params = GptSovitsParams.build("fast", force_n_tokens=80, stream_chunk_tokens=25)
     report = graphs.capture_at_load(ref.acoustic.fea.shape[2], encoder=pipe.sovits)
     at_load = list(captured)
-    assert at_load and report["vocoder_frames"]
+    assert at_load and report["vocoder_masked"]
     assert {(25, 32, 1.3), (50, 32, 1.3)} <= set(report["encoder_keys"]) and len(sentence.phone_ids) <= 32
     pieces = fast.stream_sentence(ref, sentence, params, seed=3)
     first, second = next(pieces)[0], next(pieces)[0]
@@ -377,17 +384,6 @@ def test_cuda_cfm_graph_equals_eager(tiny_set, dtype):  # noqa: F811
             alone = solve(est, mu, prompt, noise, 4)  # unpadded: up to rounding (masked attention)
             tol = 1e-4 if dtype == torch.float32 else 2e-2
             assert (out - alone).abs().max() <= tol * max(1.0, alone.abs().max().item()), n
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_vocoder_graph_equals_eager(tiny_set, dtype):  # noqa: F811
-    model = _cuda_model(tiny_set, dtype)
-    graphs, voc = model.pipeline.acoustic_graphs, model.pipeline.vocoder
-    with torch.inference_mode():
-        for n in (73, 107, 130):
-            mel = (torch.randn(1, 100, n, device="cuda") - 6).to(dtype)
-            assert torch.equal(graphs.vocode(voc, mel), vocode(voc, mel)), n
 
 
 @pytest.mark.gpu

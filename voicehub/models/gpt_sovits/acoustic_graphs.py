@@ -9,9 +9,9 @@ other than 'off'). Shapes, and why each is what it is:
   valid one (cfm/dit.py), so 15 buckets per (rows, sample_steps) serve every piece, and a padded solve
   equals the unpadded one up to float rounding (the attention takes its masked kernel).
 - vocoder (vocoder_graphs.py): BigVGAN pads its borders (zeros in the convolutions, replication in the
-  anti-aliased activations), so a right-padded window would change the frames near its end: windows
-  are captured per exact length. A sentence's first window depends only on (stream_chunk_tokens, speed), and the
-  next ones repeat a few lengths; the last window (any length) runs eagerly (`VocoderStream`).
+  anti-aliased activations), so a right-padded window runs masked: each window (any length) replays the
+  masked one-row graph of its frame bucket (SENTENCE_FRAME_BUCKETS: every window of 25-token chunks at the
+  common speeds, 73-120 frames, replays the 128-frame graph), equal to vocoding it alone up to rounding.
 - SoVITS encoder: the token prefix and the phonemes right-padded to buckets and masked, one graph per
   (tokens, phonemes, speed) (encoder_graphs.py); made for the model passed to the first `encode`.
 - the stream engine's CFM batches (batch_acoustic.solve_pieces) replay the same graphs with more rows
@@ -23,17 +23,16 @@ and copied into the static buffers, so the RNG stream is eager's. Outputs are cl
 is released: a later replay in the same memory pool may overwrite them.
 
 When graphs are captured (the model's cuda_graph_preset): `full` captures every CFM frame bucket
-(one row, the fast preset's steps) and the first LOAD_WINDOWS[full] vocoder windows of each common
-(chunk, speed) at load; `minimal` the shapes of the first LOAD_WINDOWS[minimal] windows of the default
-voice (or of a reference of T_REF frames, the prompt of every reference of 5 s or more); both capture
+(one row, the fast preset's steps) and every masked vocoder graph at load; `minimal` the CFM buckets and
+vocoder buckets of the first LOAD_WINDOWS windows of each common (chunk, speed) for the default
+voice (or a reference of T_REF frames, the prompt of every reference of 5 s or more); both capture
 the encoder of each common (chunk, speed)'s first ENCODER_LOAD_WINDOWS windows for sentences of up to
 ENCODER_LOAD_PHONES phonemes (common speeds: LOAD_SPEEDS), and `full` the first window's (the one the
 first audio waits for) at every phoneme bucket up to MAX_PHONES; `lazy` each shape on first use; everything
-not captured at load is captured on first use. The per-sentence path's whole mels replay masked
-vocoder graphs (vocoder_graphs.vocode_mel: 10 shapes for every length), all captured at load by `full`,
-on first use otherwise.
-Vocoder lengths are unbounded, so at most MAX_VOCODER_GRAPHS (rows, length) graphs are kept; a new one
-past that runs eagerly, and says so (vocoder_graphs.py; the encoder likewise past its range).
+not captured at load is captured on first use. The per-sentence path's whole mels replay the same masked
+vocoder graphs (vocoder_graphs.vocode_mel: 10 shapes for every length).
+The engine's window lengths are unbounded, so at most MAX_VOCODER_GRAPHS (rows, length) graphs are kept; a
+new one past that runs eagerly, and says so (vocoder_graphs.py; the encoder likewise past its range).
 What the solver or vocoder runs (the schedule, the step cache, the DiT's kernels, a compiled forward, the
 activation kernel) is part of the graphs' identity: when an optimization changes it, the graphs are dropped.
 """
@@ -75,7 +74,7 @@ COMMON_SAMPLE_STEPS = (PRESETS[PresetName.FAST].sample_steps,)  # CFM steps of t
 # (fast 1.3, balanced 1.1: the default). The quality preset (1.0) captures its CFM (16 steps) on first use
 # anyway, so its encoder and windows at load bought its first request nothing but load time.
 LOAD_SPEEDS = tuple(sorted({p.speed for p in PRESETS.values() if p.sample_steps in COMMON_SAMPLE_STEPS}))
-LOAD_WINDOWS = {GraphPreset.FULL: 6, GraphPreset.MINIMAL: 2}  # a sentence's first windows, shapes at load
+LOAD_WINDOWS = 2  # a sentence's first windows whose CFM and vocoder shapes `minimal` captures at load
 ENCODER_LOAD_WINDOWS = 2  # a sentence's first windows whose encoder shapes load captures (full, minimal)
 ENCODER_LOAD_PHONES = {GraphPreset.FULL: 128, GraphPreset.MINIMAL: 64}  # ... for up to these phonemes
 # full: a sentence's first window at every phoneme bucket (a long sentence's first audio paid its capture,
@@ -249,10 +248,10 @@ def build_acoustic_graphs(
 class AcousticGraphs:
     """The streaming path's encoder, CFM and vocoder graphs of one loaded model (module docstring).
 
-    `solve` and `vocode` have the signatures of `cfm.solver.solve` (one row) and `bigvgan.vocode`, and
+    `solve` and `vocode_mel` have the signatures of `cfm.solver.solve` (one row) and `bigvgan.vocode`, and
     `encode` that of `SynthesizerV3.decode_encp` with the model first, so streaming.py takes them as its
-    strategies. The encoder graphs are made for the SoVITS model whose CFM this is, on first need. Calls from several threads take turns (one lock: the
-    static buffers serve one call at a time).
+    strategies. The encoder graphs are made for the SoVITS model whose CFM this is, on first need. Calls
+    from several threads take turns (one lock: the static buffers serve one call at a time).
     """
 
     def __init__(self, estimator: DiT, vocoder: BigVGAN, preset: GraphPreset | str, device: torch.device):
@@ -309,16 +308,9 @@ class AcousticGraphs:
             ]
 
     @torch.inference_mode()
-    def vocode(self, vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
-        """`vocode(vocoder, mel [1, num_mels, n])` -> audio [1, n * hop] from the graph of length n."""
-        assert vocoder is self.vocoder.vocoder and mel.shape[0] == 1, "one window of this model's vocoder"
-        with self._lock:
-            return self.vocoder.vocode(mel)
-
-    @torch.inference_mode()
     def vocode_mel(self, vocoder: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
-        """`vocode(vocoder, mel [1, num_mels, n])` for a whole sentence's mel, any n -> audio [1, n * hop], from
-        masked window graphs (`VocoderGraphs.vocode_mel`: equal up to float rounding)."""
+        """`vocode(vocoder, mel [1, num_mels, n])` for a streamed window or a whole sentence's mel, any n ->
+        audio [1, n * hop], from masked graphs (`VocoderGraphs.vocode_mel`: equal up to float rounding)."""
         assert vocoder is self.vocoder.vocoder and mel.shape[0] == 1, "one mel of this model's vocoder"
         with self._lock:
             return self.vocoder.vocode_mel(mel)
@@ -356,19 +348,24 @@ class AcousticGraphs:
             held = set.intersection(*(set(self.cfm.runner(n).captured_buckets) for n in COMMON_SAMPLE_STEPS))
             return sorted(set(keys) & held)
 
-    def load_time_shapes(self, prompt_frames: int | None) -> tuple[list[tuple[int, int]], list[int]]:
-        """What the preset captures at load: (CFM (rows, frames) buckets, vocoder window lengths), for
-        a voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s).
+    def load_time_shapes(
+        self, prompt_frames: int | None
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int, str]]]:
+        """What the preset captures at load: (CFM (rows, frames) buckets, masked vocoder keys), for a
+        voice whose reference prompt has `prompt_frames` frames (None: T_REF, a reference of >= 5 s).
         The encoder's: `encoder_load_keys`."""
-        n_windows = LOAD_WINDOWS.get(self.preset, 0)
-        configs = [(c, s) for c in COMMON_CHUNK_TOKENS for s in LOAD_SPEEDS]
-        frames = [f for c, s in configs for f in stream_window_frames(self.vocoder.vocoder, c, s, n_windows)]
         if self.preset is GraphPreset.FULL:
-            cfm = [k for k in self.cfm.keys() if k[0] == 1]
-        else:
-            p = T_REF if prompt_frames is None else prompt_frames
-            cfm = [self.cfm.key(1, n) for c, s in configs for n in cfm_piece_frames(p, c, s, n_windows)]
-        return list(dict.fromkeys(cfm)), sorted(set(frames), reverse=True)
+            return [k for k in self.cfm.keys() if k[0] == 1], self.vocoder.masked_keys()
+        if self.preset is not GraphPreset.MINIMAL:
+            return [], []
+        configs = [(c, s) for c in COMMON_CHUNK_TOKENS for s in LOAD_SPEEDS]
+        frames = [
+            f for c, s in configs for f in stream_window_frames(self.vocoder.vocoder, c, s, LOAD_WINDOWS)
+        ]
+        p = T_REF if prompt_frames is None else prompt_frames
+        cfm = [self.cfm.key(1, n) for c, s in configs for n in cfm_piece_frames(p, c, s, LOAD_WINDOWS)]
+        vocoder = sorted({self.vocoder.masked_key(n) for n in frames}, key=lambda k: -k[1])
+        return list(dict.fromkeys(cfm)), vocoder
 
     def encoder_load_keys(self) -> list[tuple[int, int, float]]:
         """Encoder (tokens, phonemes, speed) keys the preset captures at load: each common (chunk,
@@ -391,7 +388,7 @@ class AcousticGraphs:
     ) -> dict[str, Any]:
         """Capture `load_time_shapes` (each once: a shape captured before is kept), and with `encoder`
         (the SoVITS model) `encoder_load_keys`; returns what was captured."""
-        cfm_keys, frames = self.load_time_shapes(prompt_frames)
+        cfm_keys, vocoder_keys = self.load_time_shapes(prompt_frames)
         encoder_keys = self.encoder_load_keys() if encoder is not None else []
         seconds = {}
         with self._lock:
@@ -403,14 +400,10 @@ class AcousticGraphs:
                 for key in cfm_keys:
                     self.cfm.capture(n_steps, key)
             t2 = time.perf_counter()
-            for n in frames:
-                self.vocoder.capture(n)
-            t3 = time.perf_counter()
-            masked = self.vocoder.capture_masked() if self.preset is GraphPreset.FULL else []
-            seconds = {"encoder": t1 - t0, "cfm": t2 - t1, "vocoder": t3 - t2,
-                       "vocoder_masked": time.perf_counter() - t3}  # fmt: skip
-        return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_frames": frames,
-                "vocoder_masked": masked, "encoder_keys": encoder_keys, "capture_s": seconds}  # fmt: skip
+            self.vocoder.capture_masked(vocoder_keys)
+            seconds = {"encoder": t1 - t0, "cfm": t2 - t1, "vocoder": time.perf_counter() - t2}
+        return {"cfm_buckets": cfm_keys, "cfm_steps": list(COMMON_SAMPLE_STEPS), "vocoder_masked": vocoder_keys,
+                "encoder_keys": encoder_keys, "capture_s": seconds}  # fmt: skip
 
     def n_captured(self) -> int:
         """Graphs held now over the CFM, vocoder and encoder (cheap: the engine reads it every round)."""

@@ -70,9 +70,8 @@ class VocoderStream:
 
     push(mel [1, num_mels, n] denormalised, is_last) returns float32 samples that are final (with
     is_last, everything left). Joined output has exactly n_frames * hop samples, like `vocode` of the whole mel.
-    vocode_window: what vocodes every window but the last push's (`vocode`, or a graph replay of it);
-    vocode_last: the last one's, of any length (`vocode`, or `AcousticGraphs.vocode_mel`: masked window
-    graphs of a few shapes, where a graph per exact length would rarely replay).
+    vocode_window: what vocodes each window, of any length (`vocode`, or `AcousticGraphs.vocode_mel`:
+    masked window graphs of a few shapes, one bucket for every window of the common chunk sizes).
     """
 
     def __init__(
@@ -83,12 +82,11 @@ class VocoderStream:
         overlap: int = VOCODER_OVERLAP_FRAMES,
         min_first_s: float = MIN_FIRST_S,
         vocode_window: Vocode = vocode,
-        vocode_last: Vocode = vocode,
     ):
         if min(left, lookahead, overlap) < 0:
             raise ValueError("left, lookahead and overlap must be >= 0 frames")
         self.vocoder, self.left, self.lookahead, self.overlap = vocoder, left, lookahead, overlap
-        self.vocode_window, self.vocode_last = vocode_window, vocode_last
+        self.vocode_window = vocode_window
         self.hop = vocoder.conf.hop_size
         self.min_first = int(np.ceil(min_first_s * vocoder.conf.sampling_rate / self.hop))
         self.joiner = StreamJoiner(overlap * self.hop, FadeShape.LINEAR)  # same signal on both sides
@@ -102,24 +100,22 @@ class VocoderStream:
         if is_last and self._done == 0:  # everything in one call: no join (and it may be under one overlap)
             self._done = self._mel.shape[2]
             self.n_calls += 1
-            return self.vocode_last(self.vocoder, self._mel)[0].float().cpu().numpy()
+            return self.vocode_window(self.vocoder, self._mel)[0].float().cpu().numpy()
         if is_last:
             ready = (
-                self._emit(self._mel.shape[2], self.vocode_last)
-                if self._mel.shape[2] > self._done
-                else np.zeros(0, np.float32)
+                self._emit(self._mel.shape[2]) if self._mel.shape[2] > self._done else np.zeros(0, np.float32)
             )
             return np.concatenate([ready, self.joiner.finish()])
         end = self._mel.shape[2] - self.lookahead
         if end - self._done < max(self.overlap + 1, self.min_first if self._done == 0 else 1):
             return np.zeros(0, np.float32)  # too little for a join, or for the first chunk
-        return self._emit(end, self.vocode_window)
+        return self._emit(end)
 
-    def _emit(self, end: int, vocode_fn: Vocode) -> np.ndarray:
+    def _emit(self, end: int) -> np.ndarray:
         # Frames [start, end) are emitted; start reaches `overlap` frames back to cross-fade the last output.
         start = max(self._done - self.overlap, 0)
         lo, hi = max(start - self.left, 0), min(end + self.lookahead, self._mel.shape[2])
-        audio = vocode_fn(self.vocoder, self._mel[:, :, lo:hi])[0].float()  # [(hi - lo) * hop]
+        audio = self.vocode_window(self.vocoder, self._mel[:, :, lo:hi])[0].float()  # [(hi - lo) * hop]
         self.n_calls += 1
         piece = audio[(start - lo) * self.hop : (end - lo) * self.hop].cpu().numpy()
         self._done = end
@@ -250,12 +246,11 @@ def stream_windows(
     # The eager encoder runs without cuDNN (`without_cudnn`): every window is a new shape, and cuDNN would
     # plan each (the DiT and BigVGAN keep cuDNN: ATen's convolutions are slower there, conv_plan_probe).
     if graphs is None:
-        solver, vocode_window, vocode_last, encode = solve, vocode, vocode, without_cudnn(model.decode_encp)
+        solver, vocode_window, encode = solve, vocode, without_cudnn(model.decode_encp)
     else:
-        solver, vocode_window, encode = graphs.solve, graphs.vocode, partial(graphs.encode, model)
-        vocode_last = graphs.vocode_mel
+        solver, vocode_window, encode = graphs.solve, graphs.vocode_mel, partial(graphs.encode, model)
     cfm = CfmStream(model, prompt, sample_steps, generator, solver=solver)
-    voc = VocoderStream(vocoder, vocode_window=vocode_window, vocode_last=vocode_last)
+    voc = VocoderStream(vocoder, vocode_window=vocode_window)
     n_done = 0  # feature frames already solved
     for tokens, is_final in windows:
         fea = encode(tokens[None, None], phones, prompt.ge, speed)  # [1, inter2, L(n)]

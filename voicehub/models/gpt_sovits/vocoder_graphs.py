@@ -1,18 +1,19 @@
-"""CUDA graphs of BigVGAN: the streaming path's windows (one row), the stream engine's (many rows), and
-whole mels of any length (the per-sentence path).
+"""CUDA graphs of BigVGAN: mels of any length, one at a time (the streaming path's windows, the
+per-sentence path's whole mels), and the stream engine's windows (many rows).
 
 BigVGAN pads its borders (zeros in the convolutions, replication in the anti-aliased activations), so a
-right-padded window would change the frames near its end unless it runs masked: the streamed windows
-replay graphs captured per exact window length (a few lengths repeat). Rows are another matter: BigVGAN
-convolves each row alone, so the stream engine's windows of one length replay the graph of the next row
-bucket (VOCODER_ROW_BUCKETS) with the missing rows zeros, exactly. A whole sentence's mel (`vocode_mel`)
-is cut into windows as wide as the largest SENTENCE_FRAME_BUCKETS, with the receptive field as context
-(bigvgan/windows.py), and replays masked graphs: one row right-padded to a SENTENCE_FRAME_BUCKETS length,
-or a row bucket of full-width windows. Each row's length is a device buffer of the graph, so every length
-reaches cuDNN at these few shapes (it builds plans per shape: ~150 ms a new length on the H200,
-conv_plan_probe_h200.json), and the audio equals one-shot vocoding up to float rounding.
+right-padded window would change the frames near its end unless it runs masked. Rows are another matter:
+BigVGAN convolves each row alone, so the stream engine's windows of one length replay the graph of the
+next row bucket (VOCODER_ROW_BUCKETS) with the missing rows zeros, exactly, per exact window length (its
+windows sit on a grid of a few lengths). A mel of any length (`vocode_mel`) is cut into windows as wide
+as the largest SENTENCE_FRAME_BUCKETS, with the receptive field as context (bigvgan/windows.py), and
+replays masked graphs: one row right-padded to a SENTENCE_FRAME_BUCKETS length, or a row bucket of
+full-width windows. Each row's length is a device buffer of the graph, so every length reaches cuDNN at
+these few shapes (it builds plans per shape: ~150 ms a new length on the H200, conv_plan_probe_h200.json),
+and the audio equals one-shot vocoding up to float rounding. A streamed window of the common chunk sizes
+(73-120 frames) replays the 128-frame one: one graph at load where exact lengths took four.
 `VocoderGraphs` keeps them (acoustic_graphs.AcousticGraphs owns one per model and locks around it);
-shapes past MAX_VOCODER_FRAMES, past MAX_VOCODER_ROW_FRAMES for their rows, or new once
+the engine's shapes past MAX_VOCODER_FRAMES, past MAX_VOCODER_ROW_FRAMES for their rows, or new once
 MAX_VOCODER_GRAPHS are held run eagerly, and say so (`eager_reason`). A new activation kernel or a
 compiled forward drops the graphs (they would replay the old code).
 """
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
+from voicehub.models.gpt_sovits.bigvgan import BigVGAN
 from voicehub.models.gpt_sovits.bigvgan.windows import receptive_field, vocode_windowed
 from voicehub.models.gpt_sovits.encoder_graphs import forwards_of
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphBudget, GraphPreset
@@ -44,10 +45,10 @@ log = logging.getLogger("voicehub.models.gpt_sovits")
 
 
 class VocoderGraphs:
-    """BigVGAN windows replayed from graphs captured per (rows, exact frames) (module docstring). One row:
-    the streaming path's windows; more: the stream engine's windows of one length, the rows padded with
-    zeros up to a row bucket (BigVGAN convolves each row alone: a padded row changes no real row).
-    Not thread-safe (AcousticGraphs locks)."""
+    """BigVGAN replayed from graphs (module docstring): masked graphs for mels of any length
+    (`vocode_mel`), and graphs per (rows, exact frames) for the stream engine's windows of one length, the
+    rows padded with zeros up to a row bucket (BigVGAN convolves each row alone: a padded row changes no
+    real row). Not thread-safe (AcousticGraphs locks)."""
 
     def __init__(
         self,
@@ -62,7 +63,7 @@ class VocoderGraphs:
         self.vocoder, self.device = vocoder, device
         self.max_frames = max_frames
         self.row_buckets, self.max_row_frames = tuple(sorted(row_buckets)), max_row_frames
-        assert self.row_buckets[0] == 1, "one-row graphs serve the streaming path"
+        assert self.row_buckets[0] == 1, "a mel alone is one row"
         self.runner: BucketedGraphRunner | None = None
         self._inputs: dict[tuple, torch.Tensor] = {}
         self._valid: dict[tuple, torch.Tensor] = {}  # masked graphs' row lengths (frames, int32)
@@ -123,10 +124,19 @@ class VocoderGraphs:
         rows = [(r, self.sentence_width, MASKED) for r in self.row_buckets if 1 < r <= self.sentence_rows]
         return one_row + rows
 
-    def capture_masked(self) -> list[tuple[int, int, str]]:
-        """Capture every masked graph now (largest first: later captures reuse the pool's memory)."""
+    def masked_key(self, n_frames: int) -> tuple[int, int, str]:
+        """The masked graph of one mel of n_frames <= the largest SENTENCE_FRAME_BUCKETS."""
+        return 1, pick_bucket(n_frames, self.sentence_buckets), MASKED
+
+    def capture_masked(
+        self, keys: Sequence[tuple[int, int, str]] | None = None
+    ) -> list[tuple[int, int, str]]:
+        """Capture masked graphs of `keys` (default: every one) now, each once (largest first: later
+        captures reuse the pool's memory); returns every masked key held."""
         runner = self.current_runner()
-        for key in sorted(self.masked_keys(), key=lambda k: -k[0] * k[1]):
+        for key in sorted(self.masked_keys() if keys is None else keys, key=lambda k: -k[0] * k[1]):
+            if key in runner.captured_buckets:
+                continue
             self._input_of(key)  # static inputs are allocated outside the capture
             self._valid_of(key)
             runner.run(key)
@@ -153,10 +163,6 @@ class VocoderGraphs:
             self._inputs[key] = buf
         return buf
 
-    def replayable(self, n_frames: int) -> bool:
-        """Whether a window of n_frames replays a graph (captured, or there is room to capture it)."""
-        return self.eager_reason(1, n_frames) is None
-
     def eager_reason(self, n_rows: int, n_frames: int) -> str | None:
         """None when n_rows windows of n_frames replay a graph (captured, or there is room to capture
         it); else why they run eagerly: 'too_long' (past max_frames, or past max_row_frames for
@@ -176,12 +182,6 @@ class VocoderGraphs:
             )  # fmt: skip
 
         return self.budget.why_eager(key, key[1] > self.max_frames, say)
-
-    def vocode(self, mel: torch.Tensor) -> torch.Tensor:
-        """mel [1, num_mels, n] denormalised -> audio [1, n * hop] (a copy), as `bigvgan.vocode`."""
-        if self.eager_reason(1, mel.shape[2]) is not None:  # one walk of the vocoder a window
-            return vocode(self.vocoder, mel)
-        return self.vocode_rows([mel[0]])
 
     def vocode_rows(self, mels: Sequence[torch.Tensor]) -> torch.Tensor:
         """mels: windows [num_mels, n] of one length, denormalised, for which `eager_reason` said None ->
