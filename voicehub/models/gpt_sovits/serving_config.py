@@ -24,7 +24,7 @@ class ServingConfig:
     vocoder / SoVITS encoder call (max_encoder_batch 1: the encoder per stream, `decode_encp` itself);
     urgent_s: slack under which a stream gets another CFM batch in the same round (and its vocoder
     windows run now); vocoder_bucket_frames: vocoder windows grow (by left context) to a multiple of
-    this, so more share a call and a graph (1: streaming.py's exact windows; see VOCODER_BUCKET_FRAMES);
+    this, so more share a call and a graph (1: the windows' own lengths; see VOCODER_BUCKET_FRAMES);
     hold_vocoder: vocoder windows of streams more than urgent_s from running dry wait (across rounds)
     for others to share their call, until max_vocoder_batch wait or one is urgent (False: each CFM
     batch's windows are vocoded right after it); stop_check_interval: T2S steps per round."""
