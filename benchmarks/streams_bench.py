@@ -225,7 +225,6 @@ def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) 
         "round_s_max": stats["round_s_max"],
         "slow_rounds": stats["slow_rounds"],
         "captures_in_rounds": stats["captures_in_rounds"],
-        "first_window_pumps": stats["first_window_pumps"],
         "slowest_first_audio": [
             {"arrival_s": r.arrival - t0, "first_audio_s": f, "kind": r.kind}
             for r, f in sorted(((r, r.first_audio()) for r in done if r.chunks), key=lambda x: -x[1])[:8]

@@ -18,9 +18,7 @@ round, run by one thread (the server's GPU worker, or the thread of `start()`):
    rows, or requests to admit), a round runs batches while the most urgent stream left is within
    `urgent_s` of its deadline (or has no chunk yet), else one batch, or none while a new stream
    still waits for its first window's tokens; each batch's vocoder windows run right after it,
-   batched by length. While a new stream waits for its first window's tokens, T2S steps again after
-   each batch (`stats.first_window_pumps`), so a round of many urgent batches does not hold back its
-   first audio. With no T2S work, a round runs every batch that is ready.
+   batched by length. With no T2S work, a round runs every batch that is ready.
 Differences from `GptSovitsModel.stream`, on purpose: every request streams within sentences
 (`stream_chunk_tokens` defaults to the engine's `chunk_tokens`), and T2S sampling draws from per-row
 counter streams (runtime/row_rng.py), so a fixed seed gives other tokens than the single-stream path:
@@ -172,12 +170,6 @@ class StreamEngine:
         self._drop_cancelled()
         self._set_up_new()
         self._admit()
-        self._pump()
-        self._acoustic()
-        return not self.is_idle
-
-    def _pump(self) -> None:
-        """One T2S pump (stop_check_interval steps of every row), then each run's finished sentences."""
         if not self.scheduler.is_idle:
             t0 = time.perf_counter()
             try:
@@ -187,12 +179,8 @@ class StreamEngine:
             self.stats.t2s_s += time.perf_counter() - t0
         for run in list(self._runs):
             self._advance(run)
-
-    def _first_window_due(self) -> bool:
-        """A running stream has sent no chunk and has no acoustic work yet: it waits for T2S tokens."""
-        return not self.scheduler.is_idle and any(
-            r.stream.first_chunk_at is None and not r.is_acoustic_ready for r in self._runs
-        )
+        self._acoustic()
+        return not self.is_idle
 
     def run_until_idle(self, max_rounds: int = 1_000_000) -> None:
         self._loop.run_until_idle(max_rounds)
@@ -336,9 +324,6 @@ class StreamEngine:
             batch = [r for r in ready if r.sample_steps == steps][: self.config.max_cfm_batch]
             self._run_batch(batch)
             n_batches += 1
-            if self._first_window_due():  # a new stream's first tokens between urgent batches
-                self.stats.first_window_pumps += 1
-                self._pump()
 
     def _run_batch(self, runs: list[StreamRun]) -> None:
         """One CFM call for `runs` (those whose window needs none just flush); their vocoder windows join

@@ -70,15 +70,12 @@ class EngineStats:
     replayed from graphs (encoder_padded_rows: zero rows padding them to a row bucket); encoder_eager:
     rows run eagerly, by reason (see batch_acoustic.EncoderCalls). round_s_max: the longest round;
     slow_rounds: rounds longer than SLOW_ROUND_S; captures_in_rounds: CUDA graphs captured inside rounds
-    (first uses of the acoustic stage's and the engine encoder's shapes: each stalls every stream);
-    first_window_pumps: T2S pumps run between a round's CFM batches for a stream waiting for its first
-    window's tokens."""
+    (first uses of the acoustic stage's and the engine encoder's shapes: each stalls every stream)."""
 
     rounds: int = 0
     round_s_max: float = 0.0
     slow_rounds: int = 0
     captures_in_rounds: int = 0
-    first_window_pumps: int = 0
     t2s_s: float = 0.0
     cfm_calls: int = 0
     cfm_rows: int = 0
