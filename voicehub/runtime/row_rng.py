@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 MASK32 = 0xFFFFFFFF
-UNIFORM_BITS = 24  # bits of the hash kept for the uniform (exactly representable in float32)
+UNIFORM_BITS = 24  # bits of the hash kept for the uniform (u and its log in float64: `hash_noise`)
 # lowbias32 multipliers (Chris Wellons, hash-prospector), and odd constants that separate key words
 MIX_A, MIX_B = 0x7FEB352D, 0x846CA68B
 KEY_STEP, KEY_VOCAB = 0x9E3779B9, 0x85EBCA6B
@@ -67,5 +67,13 @@ def exponential_noise(keys: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
     Entry (b, j) depends on keys[b] and vocab[j] only, so a row's noise is the same whatever rows
     it shares the batch with, and the same for a narrowed vocabulary (a prefix of it)."""
     h = mix32(mix32(keys.unsqueeze(1) ^ vocab.unsqueeze(0)) ^ keys.unsqueeze(1))  # [B, V]
-    u = ((h >> (32 - UNIFORM_BITS)).float() + 0.5) * (1.0 / (1 << UNIFORM_BITS))  # (0, 1), no 0 or 1
-    return -torch.log(u)
+    return hash_noise(h)
+
+
+def hash_noise(h: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise, float32 and > 0, from 32-bit hashes (int64): the top UNIFORM_BITS as a uniform u in
+    (0, 1), then -log(u). u and its log are computed in float64: in float32 the largest u, 1 - 2^-25,
+    rounds to 1.0 and its noise to 0, and a zero turns the exponential race's filtered-out entries into
+    0 / 0 = NaN, which argmax takes: a wrong token about once in 2^24 entries, even for top_k 1."""
+    u = ((h >> (32 - UNIFORM_BITS)).double() + 0.5) * (1.0 / (1 << UNIFORM_BITS))
+    return (-torch.log(u)).float()
