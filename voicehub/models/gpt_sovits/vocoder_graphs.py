@@ -128,11 +128,9 @@ class VocoderGraphs:
         """The masked graph of one mel of n_frames <= the largest SENTENCE_FRAME_BUCKETS."""
         return 1, pick_bucket(n_frames, self.sentence_buckets), MASKED
 
-    def capture_masked(
-        self, keys: Sequence[tuple[int, int, str]] | None = None
-    ) -> list[tuple[int, int, str]]:
+    def capture_masked(self, keys: Sequence[tuple[int, int, str]] | None = None) -> None:
         """Capture masked graphs of `keys` (default: every one) now, each once (largest first: later
-        captures reuse the pool's memory); returns every masked key held."""
+        captures reuse the pool's memory)."""
         runner = self.current_runner()
         for key in sorted(self.masked_keys() if keys is None else keys, key=lambda k: -k[0] * k[1]):
             if key in runner.captured_buckets:
@@ -140,7 +138,6 @@ class VocoderGraphs:
             self._input_of(key)  # static inputs are allocated outside the capture
             self._valid_of(key)
             runner.run(key)
-        return [k for k in runner.captured_buckets if len(k) == 3]
 
     def _step(self, key: tuple) -> torch.Tensor:
         if len(key) == 3:  # masked: each row's length from its static buffer
@@ -205,9 +202,10 @@ class VocoderGraphs:
 
     def _replay_masked(self, mels: Sequence[torch.Tensor], width: int) -> torch.Tensor:
         # bigvgan.windows.VocodeRows: the windows as masked rows of one graph; its output is static
-        longest = max(m.shape[1] for m in mels)
-        frames = width if len(mels) > 1 else pick_bucket(longest, self.sentence_buckets)
-        key = (pick_bucket(len(mels), self.row_buckets), frames, MASKED)
+        if len(mels) == 1:
+            key = self.masked_key(mels[0].shape[1])  # the key load-time shapes name (`masked_key`)
+        else:
+            key = (pick_bucket(len(mels), self.row_buckets), width, MASKED)
         buf, valid = self._input_of(key), self._valid_of(key)
         for i, mel in enumerate(mels):
             buf[i, :, : mel.shape[1]].copy_(mel)  # cast to the vocoder's dtype; the rest is masked
