@@ -207,9 +207,14 @@ def test_load_time_shapes_per_preset(model):
     assert max(cfm_frame_buckets()) >= 934 and all(f % 64 == 0 for f in cfm_frame_buckets())
     assert minimal_cfm and set(minimal_cfm) < set(full_cfm)
     assert len(full_voc) == 10 and set(minimal_voc) < set(full_voc)
-    # the first two windows of 25 tokens at both load speeds (73-120 frames; the first is all the first
-    # window's frames, 73 at speed 1.3): one masked graph of 128 frames
-    assert feature_frames(25, 1.3) == 73 and minimal_voc == [(1, 128, "masked")]
+    # the first two windows (25 and 50 tokens) at both load speeds: the first is all the first window's
+    # frames (73 at speed 1.3, 86 at 1.1: the 128-frame masked graph), the second 180 / 206 frames with
+    # its left context and lookahead (the 192 / 256-frame graphs)
+    assert feature_frames(25, 1.3) == 73 and minimal_voc == [
+        (1, 256, "masked"),
+        (1, 192, "masked"),
+        (1, 128, "masked"),
+    ]
 
 
 def _stream(pipe: Pipeline, ref, sentence, params):
@@ -230,7 +235,7 @@ def test_stream_with_graphs_equals_eager_and_load_captures_its_first_chunks(mode
     report = graphs.capture_at_load(ref.acoustic.fea.shape[2], encoder=pipe.sovits)
     at_load = list(captured)
     assert at_load and report["vocoder_masked"]
-    assert {(25, 32, 1.3), (50, 32, 1.3)} <= set(report["encoder_keys"]) and len(sentence.phone_ids) <= 32
+    assert {(25, 32, 1.3), (75, 32, 1.3)} <= set(report["encoder_keys"]) and len(sentence.phone_ids) <= 32
     pieces = fast.stream_sentence(ref, sentence, params, seed=3)
     first, second = next(pieces)[0], next(pieces)[0]
     assert captured == at_load  # the first two chunks replayed graphs captured at load
@@ -333,9 +338,9 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
         assert at_start == sorted(vocoder_start_shapes(pipe, config), key=largest_first)
         assert {r for r, _ in at_start} == {1, 2, 4} and all(n % 32 == 0 for _, n in at_start)
         requests = [
-            ("Good morning.", dict(seed=3, force_n_tokens=20, sample_steps=2)),
+            ("Good morning.", dict(seed=3, force_n_tokens=30, sample_steps=2)),  # windows end at 8, 24, 30
             ("See you soon.", dict(seed=1, force_n_tokens=17, sample_steps=2, speed=1.1)),
-            ("Hello there.", dict(seed=4, force_n_tokens=24, sample_steps=2)),
+            ("Hello there.", dict(seed=4, force_n_tokens=36, sample_steps=2)),
         ]
         alone = []
         for text, params in requests:

@@ -130,9 +130,10 @@ def test_load_time_encoder_keys_per_preset(tiny_set):  # noqa: F811
     # two windows, phoneme buckets up to 128 (full) / 64 (minimal); full: the first window up to 512
     assert LOAD_SPEEDS == (1.1, 1.3) and {k[2] for k in keys["full"]} == set(LOAD_SPEEDS)
     assert len(keys["full"]) == 2 * (16 + 4) == 40 and len(keys["minimal"]) == 2 * 2 * 2 == 8
-    assert (25, 512, 1.3) in keys["full"] and (50, 160, 1.3) not in keys["full"]
-    # a short sentence's first two default windows at the fast preset's speed
-    assert {(25, 32, 1.3), (50, 32, 1.3), (25, 64, 1.3)} <= set(keys["minimal"])
+    assert (25, 512, 1.3) in keys["full"] and (75, 160, 1.3) not in keys["full"]
+    # a short sentence's first two default windows (25, then 50 tokens: prefixes of 25 and 75) at the fast
+    # preset's speed
+    assert {(25, 32, 1.3), (75, 32, 1.3), (25, 64, 1.3)} <= set(keys["minimal"])
     with pytest.raises(ValueError, match="whose CFM"):
         AcousticGraphs(pipe.sovits.cfm.estimator, pipe.vocoder, "lazy", CUDA).encoder_of(
             load_sovits_v3(tiny_set / "sovits.pth")

@@ -257,15 +257,16 @@ def test_held_vocoder_windows_share_calls_and_change_no_audio(model, voice, monk
     when max_vocoder_batch wait or T2S has no work left). Same audio as vocoding each batch's windows
     right after it, in fewer, fuller calls."""
     monkeypatch.setattr(time, "perf_counter", lambda: 1000.0)
-    requests = [  # windows of 4 tokens; T2S steps 2 a round, so windows come while T2S still has work
+    requests = [  # windows of 4, 8, 16, 32 tokens; T2S steps 2 a round: windows come while T2S has work
         dict(seed=i, force_n_tokens=n, stream_chunk_tokens=4, sample_steps=2)
-        for i, n in enumerate((12, 16, 20))
+        for i, n in enumerate((30, 40, 50))
     ]
     results = {}
     for hold in (False, True):
         config = ServingConfig(
-            max_streams=3, urgent_s=0.05, vocoder_bucket_frames=16, hold_vocoder=hold, stop_check_interval=2
-        )
+            max_streams=3, urgent_s=0.05, vocoder_bucket_frames=16, hold_vocoder=hold, stop_check_interval=2,
+            max_cfm_batch=1,  # a CFM call per stream: held windows of one length (the streams' k-th) share calls
+        )  # fmt: skip
         engine = StreamEngine(model, config)
         streams = [engine.submit("Held windows.", voice=voice, **params) for params in requests]
         engine.run_until_idle()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from itertools import islice
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +27,14 @@ from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline, sentence_seed
-from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, VocoderStream, decode_steps, stepwise_windows
+from voicehub.models.gpt_sovits.streaming import (
+    MAX_WINDOW_TOKENS,
+    MIN_FIRST_S,
+    VocoderStream,
+    decode_steps,
+    stepwise_windows,
+    window_ends,
+)
 from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, StopReason, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.text.options import Language
@@ -161,7 +169,17 @@ def test_windows_do_not_depend_on_batching():
             windows = list(stepwise_windows(tokens.split(size), chunk))
             assert [(w.tolist(), f) for w, f in windows] == [(w.tolist(), f) for w, f in one_by_one]
         ends = [len(w) for w, _ in one_by_one]
-        assert ends == [*range(chunk, 38, chunk), 37] and [f for _, f in one_by_one][-1]
+        assert ends == [*(e for e in islice(window_ends(chunk), 10) if e <= 37), 37]
+        assert [f for _, f in one_by_one][-1] and not any(f for _, f in one_by_one[:-1])
+
+
+def test_windows_double_after_the_first_up_to_the_largest():
+    assert list(islice(window_ends(25), 6)) == [25, 75, 175, 275, 375, 475]  # 25, 50, 100, 100, ...
+    assert list(islice(window_ends(4, largest=10), 5)) == [4, 12, 22, 32, 42]
+    assert list(islice(window_ends(120), 3)) == [120, 240, 360]  # a first window over the largest stays
+    assert list(islice(window_ends(25), 3))[-1] == MAX_WINDOW_TOKENS + 75
+    with pytest.raises(ValueError, match="window"):
+        next(window_ends(0))
 
 
 def _params(**values) -> GptSovitsParams:
@@ -240,7 +258,7 @@ def eos_likely(t2s, bias: float = 4.0):
     "values, expect",
     [
         (dict(force_n_tokens=24, stream_chunk_tokens=8), StopReason.FORCED),  # sampled, EOS suppressed
-        (dict(force_n_tokens=14, stream_chunk_tokens=5, top_k=1, repetition_penalty=1.0), StopReason.FORCED),
+        (dict(force_n_tokens=20, stream_chunk_tokens=5, top_k=1, repetition_penalty=1.0), StopReason.FORCED),
         (dict(max_new_tokens=20, stream_chunk_tokens=12), StopReason.MAX_TOKENS),  # stream keeps token 0
         (dict(eos_bias=True, max_new_tokens=120, stream_chunk_tokens=4), StopReason.EOS),
     ],
@@ -279,8 +297,8 @@ def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect)
 def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice, caplog):
     """A stream suspended mid-sentence holds the graph decoder; a second stream on the same thread decodes
     eagerly (logged) instead of waiting for itself, and closing the first frees the decoder."""
-    params = GptSovitsParams.build(
-        "balanced", force_n_tokens=24, stream_chunk_tokens=8, sample_steps=2, seed=2
+    params = GptSovitsParams.build(  # windows end at 8, 24, 56: the first chunk leaves at 24 of 40 tokens
+        "balanced", force_n_tokens=40, stream_chunk_tokens=8, sample_steps=2, seed=2
     )
     text = "One sentence held mid-way by its stream."
     first = static_pipe.stream(text, voice, params)

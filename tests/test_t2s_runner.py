@@ -8,10 +8,12 @@ import importlib.util
 import os
 import subprocess
 import sys
+from itertools import islice
 
 import pytest
 import torch
 
+from voicehub.models.gpt_sovits.streaming import window_ends
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
@@ -242,11 +244,12 @@ def test_decode_iter_on_graphs_fp16_gives_decode_results(ckpt, preset):
     check_iter_against_decode(model, eos_model, config, lambda m: decoders[id(m)], eager_rows="none")
 
 
-@pytest.mark.parametrize("window", [5, 25])
-def test_decode_iter_with_a_window_yields_each_window_once_drawn(ckpt, window):
-    # With a window the items end at its multiples (not at the next stop check): the first carries exactly
-    # the window's tokens after window - 1 steps (the prefill's sample drew the first), and the stream and
-    # result are decode()'s, whatever the stop (EOS, cap, forced) and wherever it falls.
+@pytest.mark.parametrize("first", [5, 25])
+def test_decode_iter_with_window_ends_yields_each_window_once_drawn(ckpt, first):
+    # With window ends the items end there (not at the next stop check): the first carries exactly the
+    # first window's tokens after first - 1 steps (the prefill's sample drew the first), the later ones the
+    # growing windows of window_ends, and the stream and result are decode()'s, whatever the stop (EOS,
+    # cap, forced) and wherever it falls.
     model, config = load_t2s(ckpt, dtype="float32")
     eos_model = eos_likely(model)
     for i, (params, _) in enumerate(ITER_CASES):
@@ -254,10 +257,10 @@ def test_decode_iter_with_a_window_yields_each_window_once_drawn(ckpt, window):
             continue  # forced and capped stops are covered by cases 0 and 1
         decoder = _StepCounter(eos_model if params.max_new_tokens == 100 else model, ENGINE)
         req = T2SRequest(*random_prompt(config, 14 + i % 5, 17, i), params)
-        items = decode_iter(decoder, req, window=window)
-        first = next(items)
+        items = decode_iter(decoder, req, ends=window_ends(first, largest=2 * first))
+        head = next(items)
         n_steps_at_first = decoder.n_steps
-        items = [first, *items]
+        items = [head, *items]
         result = items[-1].result
         (whole,) = decoder.decode([req])
         assert result is not None and (result.tokens.tolist(), result.stop_reason) == (
@@ -268,9 +271,13 @@ def test_decode_iter_with_a_window_yields_each_window_once_drawn(ckpt, window):
         streamed = torch.cat([item.tokens.cpu() for item in items]).tolist()
         kept = streamed[:1] if result.stop_reason == StopReason.MAX_TOKENS else []
         assert streamed == kept + result.tokens.tolist(), params
-        assert all(len(item.tokens) == window and item.result is None for item in items[:-1])
-        if len(streamed) > window:  # the first item is a whole window, out as soon as it was drawn
-            assert len(first.tokens) == window and n_steps_at_first == window - 1
-        assert len(items) - 1 == (len(streamed) - 1) // window or len(streamed) % window == 0
+        *ends, next_end = islice(window_ends(first, largest=2 * first), len(items))
+        assert [len(item.tokens) for item in items[:-1]] == [b - a for a, b in zip([0, *ends], ends)]
+        assert all(item.result is None for item in items[:-1])
+        assert next_end >= len(streamed)  # no window held back to the end
+        if len(streamed) > first:  # the first item is a whole window, out as soon as it was drawn
+            assert len(head.tokens) == first and n_steps_at_first == first - 1
     with pytest.raises(ValueError, match="window"):
-        next(decode_iter(decoder, req, window=0))
+        next(decode_iter(decoder, req, ends=[0]))
+    with pytest.raises(ValueError, match="window"):
+        next(decode_iter(decoder, req, ends=[5, 5]))

@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import torch
@@ -61,7 +62,7 @@ from voicehub.models.gpt_sovits.encoder_graphs import (
 from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
 from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
-from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream
+from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream, window_ends
 from voicehub.models.gpt_sovits.vocoder_graphs import VocoderGraphs
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket, round_up
@@ -100,7 +101,8 @@ def feature_frames(n_tokens: int, speed: float) -> int:
 
 def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_windows: int) -> list[int]:
     """Mel frames of the first `n_windows` vocoder calls of a long streamed sentence (none its last), as
-    `VocoderStream` makes them: the shapes a sentence's first chunks need. Nothing runs on the vocoder."""
+    `VocoderStream` makes them from the windows of `window_ends(chunk_tokens)`: the shapes a sentence's
+    first chunks need. Nothing runs on the vocoder."""
     hop, num_mels = vocoder.conf.hop_size, vocoder.conf.num_mels
     lengths: list[int] = []
 
@@ -110,10 +112,10 @@ def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_wi
 
     stream = VocoderStream(vocoder, vocode_window=record)
     made = 0
-    for k in range(1, 4 * n_windows + 2):  # each window of tokens gives a call once the first is long enough
+    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):  # a call a window once the first is long
         if len(lengths) >= n_windows:
             break
-        total = feature_frames(k * chunk_tokens, speed)
+        total = feature_frames(end, speed)
         stream.push(torch.zeros(1, num_mels, total - made), is_last=False)
         made = total
     return lengths[:n_windows]
@@ -121,10 +123,10 @@ def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_wi
 
 def cfm_piece_frames(prompt_frames: int, chunk_tokens: int, speed: float, n_pieces: int) -> list[int]:
     """Frames N of the first `n_pieces` CFM pieces of a long streamed sentence (`CfmStream`: the reference
-    prompt, up to CFM_CONTEXT_FRAMES of output so far, the window's new frames)."""
+    prompt, up to CFM_CONTEXT_FRAMES of output so far, the new frames of a window of `window_ends`)."""
     sizes, made = [], 0
-    for k in range(1, n_pieces + 1):
-        new = feature_frames(k * chunk_tokens, speed) - made
+    for end in islice(window_ends(chunk_tokens), n_pieces):
+        new = feature_frames(end, speed) - made
         sizes.append(min(T_CHUNK, prompt_frames + min(CFM_CONTEXT_FRAMES, made) + new))
         made += new
     return sizes
@@ -374,11 +376,11 @@ class AcousticGraphs:
         most = ENCODER_LOAD_PHONES.get(self.preset, 0)
         first_most = MAX_PHONES if self.preset is GraphPreset.FULL else most
         keys = {
-            encoder_key(k * c, p, s)
+            encoder_key(end, p, s)
             for c in COMMON_CHUNK_TOKENS
-            for k in range(1, ENCODER_LOAD_WINDOWS + 1)
+            for k, end in enumerate(islice(window_ends(c), ENCODER_LOAD_WINDOWS))
             for s in LOAD_SPEEDS
-            for p in range(PHONE_BUCKET, (first_most if k == 1 else most) + 1, PHONE_BUCKET)
+            for p in range(PHONE_BUCKET, (first_most if k == 0 else most) + 1, PHONE_BUCKET)
         }
         return sorted(keys, key=lambda k: (k[2], -k[0], -k[1]))  # largest first per speed (one pool each)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from voicehub.models.gpt_sovits.streaming import (
     VOCODER_LEFT_FRAMES,
     VOCODER_LOOKAHEAD_FRAMES,
     VOCODER_OVERLAP_FRAMES,
+    window_ends,
 )
 from voicehub.runtime.eager_conv import without_cudnn
 
@@ -407,14 +409,17 @@ def engine_window_frames(
     hop: int, sample_rate: int, chunk_tokens: int, speed: float, bucket_frames: int, n_windows: int
 ) -> list[int]:
     """Frames of the first `n_windows` vocoder windows (none a sentence's last) of a long sentence in
-    the stream engine, as `VocoderRows` makes them: the lengths worth capturing. Nothing is vocoded."""
+    the stream engine (windows of `window_ends(chunk_tokens)`), as `VocoderRows` makes them: the lengths
+    worth capturing. Nothing is vocoded."""
     rows = VocoderRows(hop, sample_rate, bucket_frames=bucket_frames)
     lengths: list[int] = []
     made = 0
-    for k in range(1, 4 * n_windows + 2):  # a window each push once the first is long enough
+    for end in islice(
+        window_ends(chunk_tokens), 4 * n_windows + 1
+    ):  # a window each push once the first is long
         if len(lengths) >= n_windows:
             break
-        total = feature_frames(k * chunk_tokens, speed)
+        total = feature_frames(end, speed)
         window = rows.push(torch.zeros(1, 1, total - made), None)
         made = total
         if window is not None:

@@ -67,17 +67,21 @@ def encoder_start_keys(
 
 def cfm_start_keys(pipeline: Pipeline, config: ServingConfig) -> list[tuple[int, int]]:
     """(rows, frames) CFM graphs at the fast preset's steps: every row bucket up to its CFM batches' rows,
-    for the pieces of a long sentence's first ENGINE_LOAD_WINDOWS windows at the common speeds, prompted
-    by a reference of 5 s or more (T_REF frames)."""
+    prompted by a reference of 5 s or more (T_REF frames), at the frames of a long sentence's first
+    ENGINE_LOAD_WINDOWS pieces at the common speeds; with `full` every frame bucket from a piece of one new
+    frame up to the largest of those (a sentence's last piece may take any of them)."""
     graphs = pipeline.acoustic_graphs
     if graphs is None or graphs.preset not in AT_START:
         return []
     rows = graphs.cfm.row_buckets
     most = pick_bucket(min(config.max_cfm_batch, rows[-1]), rows)
-    frames = {
+    pieces = {
         n for speed in LOAD_SPEEDS for n in cfm_piece_frames(T_REF, config.chunk_tokens, speed, ENGINE_LOAD_WINDOWS)
     }  # fmt: skip
-    return sorted({graphs.cfm.key(r, n) for r in rows if r <= most for n in frames})
+    frames = {graphs.cfm.key(1, n)[1] for n in pieces}
+    if graphs.preset is GraphPreset.FULL:
+        frames = {f for f in graphs.cfm.frame_buckets if graphs.cfm.key(1, T_REF + 1)[1] <= f <= max(frames)}
+    return sorted((r, f) for r in rows if r <= most for f in frames)
 
 
 def capture_start_graphs(

@@ -90,7 +90,8 @@ class TTSInferencer:
         **params: Any,
     ) -> Iterator[tuple[int, np.ndarray, str]]:
         """Yield (sample_rate, float32 [n] chunk, the sentence it speaks): one per cut sentence, or
-        one per window of `stream_chunk_tokens` semantic tokens when that parameter is given.
+        one per window when `stream_chunk_tokens` is given (the first window that many semantic tokens,
+        later ones longer: see `GptSovitsParams`).
 
         Sampler, speed and CFM-step values left at None come from `preset` (fast, balanced,
         quality; None: upstream's defaults). Other keyword parameters: force_n_tokens,

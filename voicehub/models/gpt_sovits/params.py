@@ -35,7 +35,8 @@ class GptSovitsParams:
     benchmarks). max_new_tokens: the per-sentence token cap (None: the checkpoint's 50 * max_sec).
     pause_s: silence between sentences, in seconds. stream_chunk_tokens: None (default) makes each
     sentence whole and yields one chunk per sentence (the reference path); a number streams within a
-    sentence, one window of that many semantic tokens at a time (see streaming.py; 25 is ~1 s).
+    sentence: the first window has that many semantic tokens (25 is ~1 s), each later one twice the
+    one before, up to 100 (streaming.window_ends).
     """
 
     text_language: Language = Language.AUTO

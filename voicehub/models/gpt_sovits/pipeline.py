@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +54,7 @@ from voicehub.models.gpt_sovits.reference import (
 )
 from voicehub.models.gpt_sovits.sovits import ReferencePrompt, SynthesizerV3, decode_mel, encode_reference
 from voicehub.models.gpt_sovits.ssl import HubertEncoder, reference_pad_samples
-from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows, stream_windows
+from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows, stream_windows, window_ends
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
@@ -270,15 +270,15 @@ class Pipeline:
                 return decoder.decode([request])[0]
         return decode(self.t2s, request.phone_ids, request.bert, request.prompt_tokens, request.params)
 
-    def token_batches(self, request: T2SRequest, window: int | None = None) -> Iterator[torch.Tensor]:
+    def token_batches(self, request: T2SRequest, ends: Iterable[int] | None = None) -> Iterator[torch.Tensor]:
         """The sentence's semantic tokens as they are decoded, in batches [n] long on the device: one per
-        stop check from the graph decoder's `decode_iter` (with `window`, one per `window` tokens, each
-        out as soon as it is drawn), else one per step of the eager reference.
+        stop check from the graph decoder's `decode_iter` (with window `ends`, one per window, each out as
+        soon as its last token is drawn), else one per step of the eager reference.
         Where the decode ends on the cap, the first token is kept (see `decode_iter`). The graph decoder
         stays held between batches until the decode ends: closing the iterator early frees it."""
         with self._claim_decoder(request) as decoder:
             if decoder is not None:
-                for item in decoder.decode_iter(request, window):
+                for item in decoder.decode_iter(request, ends):
                     if item.result is not None:
                         break  # decoded: the decoder is free for others before the last tokens go on
                     yield item.tokens
@@ -386,8 +386,8 @@ class Pipeline:
         assert params.stream_chunk_tokens is not None
         phones = torch.tensor([sentence.phone_ids], dtype=torch.long, device=self.device)
         request = self.t2s_request(ref, sentence, params, seed)
-        window = int(params.stream_chunk_tokens)
-        windows = stepwise_windows(self.token_batches(request, window), window)
+        first = int(params.stream_chunk_tokens)
+        windows = stepwise_windows(self.token_batches(request, window_ends(first)), first)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         yield from stream_windows(
             self.sovits, self.vocoder, ref.acoustic, windows, phones,

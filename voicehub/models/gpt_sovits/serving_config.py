@@ -7,11 +7,11 @@ from typing import Any
 
 from voicehub.models.gpt_sovits.batch_acoustic import EncoderCalls, VocoderCalls
 
-# Vocoder windows of the default 25-token chunk (engine_window_frames): 109 frames a window at the fast
-# preset's speed 1.3, 121 at balanced's 1.1, 130 at 1.0; a sentence's first 73 / 86 / 93, its last any.
-# Multiples of 32 make them 128 (1.3 and 1.1 alike: those streams share calls), 160 (1.0), first windows
-# 64 (ended early), last ones 32-160: five lengths, so a few (rows, length) graphs serve every window, for
-# 17% more vocoded frames at 1.3. 16 wastes less (112 at 1.3) but needs nine lengths; 64 makes 1.0's 192.
+# Vocoder windows of the default windows (25, 50, then 100 tokens; engine_window_frames) with their left
+# context and lookahead: a sentence's first 73 / 86 / 93 frames at the fast preset's speed 1.3, balanced's
+# 1.1 and 1.0, its second 180 / 206 / 224, then 325 / 378 / 411, its last any. Multiples of 32 make them
+# 64 (first windows end early), 192 / 256 / 256, 352 / 384 / 416: a few (rows, length) graphs serve every
+# window, for <= 10% more vocoded frames on the steady windows.
 VOCODER_BUCKET_FRAMES = 32
 ENGINE_LOAD_WINDOWS = 4  # a long sentence's first windows whose lengths the engine captures at start
 

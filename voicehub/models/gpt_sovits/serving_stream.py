@@ -3,9 +3,9 @@
 `SynthesisStream` is what `StreamEngine.submit` returns: iterate it for `AudioChunk`s (it raises what
 ended the stream: the model's error, or StreamCancelledError after `cancel()`), or pass callbacks.
 `StreamRun` is the engine's side: the sentences in flight, each a `SentenceRun` with its semantic
-tokens (cut into windows as streaming.py's `stepwise_windows`), its `CfmRows` and `VocoderRows`, and
-the pieces ready to leave, joined as `Pipeline._stream` joins them (fades at sentence edges next to a
-pause, the pause after every sentence but the last).
+tokens (cut into windows at streaming.py's `window_ends`, as `stepwise_windows` cuts them), its
+`CfmRows` and `VocoderRows`, and the pieces ready to leave, joined as `Pipeline._stream` joins them
+(fades at sentence edges next to a pause, the pause after every sentence but the last).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from voicehub.models.gpt_sovits.pipeline import (
     sentence_seed,
 )
 from voicehub.models.gpt_sovits.reference import Voice
+from voicehub.models.gpt_sovits.streaming import window_ends
 from voicehub.runtime.scheduler import StreamHandle
 from voicehub.types import AudioChunk
 
@@ -161,8 +162,9 @@ class SentenceRun:
         bucket_frames: int,
     ):
         self.features, self.index, self.is_last, self.seed = features, index, is_last, seed
-        self.chunk_tokens = chunk_tokens
         self.tokens: list[int] = []
+        self._ends = window_ends(chunk_tokens)
+        self._next_end = next(self._ends)
         self.windows: deque[tuple[int, bool]] = deque()  # (token prefix length, is_final) to synthesize
         self.t2s: StreamHandle | None = None
         self.is_t2s_done = False
@@ -179,11 +181,12 @@ class SentenceRun:
         self.n_pieces = 0  # audio pieces sent
 
     def on_tokens(self, tokens: list[int]) -> None:
-        """From the T2S scheduler: a window each time the count reaches a multiple of chunk_tokens."""
+        """From the T2S scheduler: a window each time the count reaches the next window end."""
         for token in tokens:
             self.tokens.append(token)
-            if len(self.tokens) % self.chunk_tokens == 0:
+            if len(self.tokens) == self._next_end:
                 self.windows.append((len(self.tokens), False))
+                self._next_end = next(self._ends)
 
     def finish_tokens(self) -> None:
         self.is_t2s_done = True

@@ -1,10 +1,11 @@
 """Sub-sentence streaming of GPT-SoVITS v3 (issue 4): token windows -> CFM mel chunks -> vocoder chunks.
 
 The chain, per sentence:
-1. T2S tokens arrive while the sentence decodes, and leave in windows of `stream_chunk_tokens`: from the
+1. T2S tokens arrive while the sentence decodes, and leave in windows (`window_ends`: the first of
+   `stream_chunk_tokens`, each later one twice the one before, up to MAX_WINDOW_TOKENS): from the
    static/graph decoder's `decode_iter` (a batch per stop check) or from `decode_steps` (the eager
    reference decode driven step by step); both give their whole-sentence decode's tokens, and the
-   windows end at the same multiples of `stream_chunk_tokens` however the tokens are batched;
+   windows end at the same token counts however the tokens are batched;
 2. SoVITS `decode_encp` runs on the token prefix so far (earlier tokens are the acoustic context the
    bidirectional encoder needs) and the new window's feature frames are kept;
 3. the CFM solves those frames prompted by the full reference (mel + features, every chunk) followed by
@@ -58,6 +59,7 @@ VOCODER_LEFT_FRAMES = 24  # mel frames vocoded left of a chunk and dropped (the 
 VOCODER_LOOKAHEAD_FRAMES = 8  # newest frames held back until more mel arrives (the right receptive field)
 VOCODER_OVERLAP_FRAMES = 4  # frames cross-faded between consecutive vocoder outputs
 MIN_FIRST_S = 0.25  # the first chunk of a sentence carries at least this much audio (unless it is all)
+MAX_WINDOW_TOKENS = 100  # a sentence's later windows double up to this many tokens (4 s of audio at speed 1)
 
 # `cfm.solver.solve`'s signature: (estimator, mu [1, N, inter2], prompt mel [1, mel, P], noise [1, mel, N],
 # n_steps) -> [1, mel, N]; and `bigvgan.vocode`'s: (vocoder, mel [1, num_mels, n]) -> audio [1, n * hop].
@@ -165,17 +167,33 @@ class CfmStream:
         return denorm_spec(torch.cat(out, dim=2))
 
 
-def stepwise_windows(
-    batches: Iterable[torch.Tensor], chunk_tokens: int
-) -> Iterator[tuple[torch.Tensor, bool]]:
-    """(token prefix, is_final) at every multiple of `chunk_tokens` tokens, as tokens arrive in batches
-    [n] (one per decode step, or one per stop check), and once at the end with every token."""
-    prefix, n_next = None, chunk_tokens
+def window_ends(first: int, largest: int = MAX_WINDOW_TOKENS) -> Iterator[int]:
+    """Token counts at which a streamed sentence's windows end, without end: the first window is `first`
+    tokens (the first audio waits for it), each later one twice the one before, up to max(first, largest)
+    (25: 25, 75, 175, 275, ...). Every CFM piece is prompted by the whole reference (~470 frames) and
+    every vocoder window carries ~36 frames of context, so at 25 tokens (~80 new frames) a window solves
+    ~7x its new frames; once audio is buffered, longer windows cut that work per second of audio (100
+    tokens: ~2.7x) while the next window still arrives long before the audio runs dry (T2S decodes a
+    stream several times faster than real time)."""
+    if first < 1:
+        raise ValueError(f"a window must be >= 1 tokens, got {first}")
+    end, size = 0, first
+    while True:
+        end += size
+        yield end
+        size = min(2 * size, max(first, largest))
+
+
+def stepwise_windows(batches: Iterable[torch.Tensor], first: int) -> Iterator[tuple[torch.Tensor, bool]]:
+    """(token prefix, is_final) at every end of `window_ends(first)`, as tokens arrive in batches [n] (one
+    per decode step, or one per stop check), and once at the end with every token."""
+    prefix, ends = None, window_ends(first)
+    n_next = next(ends)
     for batch in batches:
         prefix = batch if prefix is None else torch.cat([prefix, batch])
         while prefix.shape[0] >= n_next:
             yield prefix[:n_next], False
-            n_next += chunk_tokens
+            n_next = next(ends)
     assert prefix is not None and prefix.shape[0], (
         "a decode draws at least one token (EOS is blocked at first)"
     )

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import islice
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from voicehub.models.gpt_sovits.acoustic_graphs import COMMON_CHUNK_TOKENS
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.reference import Voice
+from voicehub.models.gpt_sovits.streaming import window_ends
 from voicehub.text.frontend import TextFrontend
 from voicehub.text.langseg import split_by_language
 from voicehub.text.options import Language
@@ -52,11 +54,12 @@ WARM_TEXTS = {
     "yue": ("今日係1月1號。", Language.ALL_YUE),
 }
 WARM_CHUNK_TOKENS = COMMON_CHUNK_TOKENS[0]  # the streamed warm-up's windows: the shapes requests use
-WARM_TOKENS = 2 * WARM_CHUNK_TOKENS  # semantic tokens of the streamed warm-up: a first and a next window
-# ... and of the per-sentence warm-up: its mel (116 frames at the fast preset's speed) replays the 128-frame
-# masked vocoder graph that the streamed windows use, and its CFM chunk (after a 5 s prompt) the second
-# window's bucket, so under `minimal` the chain captures nothing that load did not
-WARM_SENTENCE_TOKENS = 40
+# semantic tokens of the streamed warm-up: a first and a next window (25 + 50)
+WARM_TOKENS = list(islice(window_ends(WARM_CHUNK_TOKENS), 2))[-1]
+# ... and of the per-sentence warm-up: its mel (185 frames at the fast preset's speed) replays the 192-frame
+# masked vocoder graph of the streamed second window, and its CFM chunk (after a 5 s prompt) that window's
+# bucket (704 frames), so under `minimal` the chain captures nothing that load did not
+WARM_SENTENCE_TOKENS = 64
 
 
 class LoadTimeline:

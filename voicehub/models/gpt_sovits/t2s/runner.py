@@ -6,9 +6,9 @@ sampling buffers, per-row state, the device RNG and the graphs of `decode_step`,
 bucket moves to the next graph in place (the cache is shared); beyond the largest bucket the
 request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
 
-`decode_iter(request, window=)` is the step-wise face of `decode` for streaming: the tokens come out at
-every stop check (the one host read of a decode), or with a window at every multiple of it; the steps and
-the RNG stream are `decode`'s own.
+`decode_iter(request, ends=)` is the step-wise face of `decode` for streaming: the tokens come out at
+every stop check (the one host read of a decode), or with window ends at each of them; the steps and the
+RNG stream are `decode`'s own.
 
 With a capturing preset the prompt is prefilled by graph replays too (`prefill.PaddedPrefill`: the prompt
 padded to a multiple of 64 positions, masked; one graph per length bucket, captured as the preset says),
@@ -17,7 +17,7 @@ instead of ~400 eager launches at the prompt's exact length; prompts beyond its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
@@ -49,6 +49,14 @@ class DecodedTokens:
     result: DecodeResult | None = None
 
 
+def _next_end(ends: Iterator[int], after: int) -> int | None:
+    """The window end after `after` tokens (None: no more windows)."""
+    end = next(ends, None)
+    if end is not None and end <= after:
+        raise ValueError(f"window ends must increase from >= 1 tokens, got {end} after {after}")
+    return end
+
+
 def _n_spoken(result: DecodeResult) -> int:
     """Tokens of the decode a stream speaks: every token drawn but an EOS stop's last one (see decode_iter)."""
     return result.n_steps - 1 if result.stop_reason == StopReason.EOS else result.n_steps
@@ -56,26 +64,26 @@ def _n_spoken(result: DecodeResult) -> int:
 
 @torch.inference_mode()
 def decode_iter(
-    decoder: T2SStaticDecoder, request: T2SRequest, window: int | None = None
+    decoder: T2SStaticDecoder, request: T2SRequest, ends: Iterable[int] | None = None
 ) -> Iterator[DecodedTokens]:
     """`decoder.decode([request])` step by step: the same steps (KV buckets, EOS phases, batch bucket)
     and the same RNG stream, so the same tokens and DecodeResult, handed out as they are decoded.
 
     Every `stop_check_interval` steps, where `decode` reads the stop flag (the only host read), the
-    tokens drawn since the last item are yielded as a device tensor (no copy to the host). With a
-    `window` (a stream's tokens per window), items are yielded when the number of tokens drawn reaches a
-    multiple of it instead (the stop flag read there too, and still at every stop check): a window
-    leaves as soon as its last token is drawn, not at the next stop check. A stop seen at a window
-    multiple ends the loop before decode's next stop check would: the steps it skips run on a done row,
-    which changes nothing decode reports. The
+    tokens drawn since the last item are yielded as a device tensor (no copy to the host). With `ends`
+    (a stream's window ends: increasing token counts, e.g. `streaming.window_ends`), items are yielded
+    when the number of tokens drawn reaches the next end instead (the stop flag read there too, and still
+    at every stop check): a window leaves as soon as its last token is drawn, not at the next stop check.
+    A stop seen at a window's end ends the loop before decode's next stop check would: the steps it skips
+    run on a done row, which changes nothing decode reports. The
     concatenated tokens equal the result's, except on a cap stop (no EOS within max_new_tokens), where
     upstream's callers drop the *first* token (`y[-idx:]`, kept in `result.tokens`): a stream has already
     spoken it, so the yielded tokens keep it (one more), as `streaming.decode_steps` does.
     The decoder's state belongs to the iterator until it ends or is closed: no other decode may run on
     this decoder meanwhile (the pipeline holds its T2S lock for that).
     """
-    if window is not None and window < 1:  # before anything touches the decoder's state
-        raise ValueError(f"window must be >= 1 tokens or None, got {window}")
+    windows = None if ends is None else iter(ends)
+    n_edge = None if windows is None else _next_end(windows, 0)  # before anything touches the decoder
     engine, model, st = decoder.engine, decoder.model, decoder.state
     decoder._reset()
     n_rows = pick_bucket(1, engine.row_buckets)  # decode() of one request steps the same rows
@@ -89,11 +97,13 @@ def decode_iter(
     n_sent = 0
     for n_steps in range(1, limit):  # n_steps tokens drawn so far
         is_check = n_steps % engine.stop_check_interval == 0
-        is_edge = window is not None and n_steps % window == 0
+        is_edge = n_steps == n_edge
+        if is_edge:
+            n_edge = _next_end(windows, n_steps)
         if is_check or is_edge:
             if bool(st.done[0]):
                 break  # the one host read, where decode() makes it (or at a window's end)
-            if is_edge or window is None:
+            if is_edge or windows is None:
                 yield DecodedTokens(st.out[0, n_sent:n_steps].clone())  # not done: all drawn are speech
                 n_sent = n_steps
         n_slots = pick_bucket(n_prompt + n_steps, engine.buckets)
@@ -186,6 +196,6 @@ class T2SGraphDecoder(T2SStaticDecoder):
     def step(self, n_rows: int, n_slots: int, drop_eos: bool) -> None:
         self.graphs.run((n_rows, n_slots, drop_eos))
 
-    def decode_iter(self, request: T2SRequest, window: int | None = None) -> Iterator[DecodedTokens]:
+    def decode_iter(self, request: T2SRequest, ends: Iterable[int] | None = None) -> Iterator[DecodedTokens]:
         """One request decoded step by step, each step a graph replay (see the module's `decode_iter`)."""
-        return decode_iter(self, request, window)
+        return decode_iter(self, request, ends)
