@@ -105,6 +105,9 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     streams64) step streams 170 python3 benchmarks/streams_bench.py --levels 16,64 --duration 8 --drain 8 \
       --budget-s 150 --out "$OUT/streams_h200.json" ;;
     # level 64 alone with 40 s of arrivals: the level's time-average of active streams near 64 (8 s reach ~29)
+    # every level of issue 7 (1, 4, 16, 64, 128), 40 s of arrivals each, one engine sized for 128 rows
+    streamsall) step streams-all 560 python3 benchmarks/streams_bench.py --levels 1,4,16,64,128 --duration 40 \
+      --drain 10 --budget-s 480 --out "$OUT/streams_h200.json" ;;
     # (STREAMS_CHUNK: the first window's tokens, 25 by default; STREAMS_SUFFIX names a variant's file)
     streams64long) step streams-long 260 python3 benchmarks/streams_bench.py --levels 64 --duration 40 --drain 10 \
       --chunk-tokens "${STREAMS_CHUNK:-25}" --budget-s 240 --out "$OUT/streams_long_h200${STREAMS_SUFFIX:-}.json" ;;

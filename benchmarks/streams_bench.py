@@ -9,7 +9,8 @@ weights never sample EOS, so each decodes force_n_tokens = e2e_bench.n_tokens(te
 Open loop: per level L, arrivals are Poisson at rate L / E[audio seconds of a text] for --duration s:
 a stream counts as active from its arrival until its playback ends (first chunk + its audio), so by
 Little's law L streams are active on average when the engine keeps up (the measured time-average is
-reported beside it). After the arrivals the level drains for at most --drain s; streams still running
+reported beside it: over the level's whole wall time, ramp and drain included, and over the second half of
+its arrivals, when the longest text's streams, ~13 s of audio, have long reached their steady count). After the arrivals the level drains for at most --drain s; streams still running
 then are cancelled and counted unfinished. The engine runs in its own thread, as in the server.
 Per level:
 - T2S tokens/s: all tokens the level decoded / its wall time (demand-bound: L streams need about
@@ -171,7 +172,7 @@ def run_level(engine: StreamEngine, voice: Voice, level: int, args, mix: dict[st
             )
         time.sleep(0.02)
     t1 = max([r.end for r in live if r.end is not None] + [t0 + 1e-3])
-    return summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0)
+    return summarize(records, unfinished, level, rate, t0, t1, args.duration, engine, stats0, steps0)
 
 
 def diff(now, before):
@@ -181,7 +182,7 @@ def diff(now, before):
     return now - before
 
 
-def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) -> dict:
+def summarize(records, unfinished, level, rate, t0, t1, duration, engine, stats0, steps0) -> dict:
     done = [r for r in records if r.end is not None and r.error is None and r not in unfinished]
     firsts = [f for r in done if (f := r.first_audio()) is not None]
     late = {id(r): r.lateness() for r in done}
@@ -201,6 +202,7 @@ def summarize(records, unfinished, level, rate, t0, t1, engine, stats0, steps0) 
             "by_kind": {k: sum(r.kind == k for r in records) for k in TEXTS},
         },
         "mean_active_streams": mean_active(records, t0, t1),
+        "mean_active_streams_steady": mean_active(records, t0 + duration / 2, t0 + duration),
         "t2s_tokens": tokens,
         "t2s_tokens_per_s": tokens / wall,
         "t2s_decode_tokens_per_s_while_stepping": tokens / stats["t2s_s"] if stats["t2s_s"] else None,
@@ -371,6 +373,7 @@ def main() -> None:
                     for k in (
                         "level",
                         "mean_active_streams",
+                        "mean_active_streams_steady",
                         "t2s_tokens_per_s",
                         "first_audio_s",
                         "underruns",
