@@ -112,7 +112,8 @@ def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_wi
 
     stream = VocoderStream(vocoder, vocode_window=record)
     made = 0
-    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):  # a call a window once the first is long
+    # a call each window once the first is long enough
+    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):
         if len(lengths) >= n_windows:
             break
         total = feature_frames(end, speed)

@@ -414,9 +414,8 @@ def engine_window_frames(
     rows = VocoderRows(hop, sample_rate, bucket_frames=bucket_frames)
     lengths: list[int] = []
     made = 0
-    for end in islice(
-        window_ends(chunk_tokens), 4 * n_windows + 1
-    ):  # a window each push once the first is long
+    # a window each push once the first is long enough
+    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):
         if len(lengths) >= n_windows:
             break
         total = feature_frames(end, speed)

@@ -7,8 +7,8 @@ bucket moves to the next graph in place (the cache is shared); beyond the larges
 request is refused before it starts (`StaticDecodeConfig.max_seq_len`).
 
 `decode_iter(request, ends=)` is the step-wise face of `decode` for streaming: the tokens come out at
-every stop check (the one host read of a decode), or with window ends at each of them; the steps and the
-RNG stream are `decode`'s own.
+every stop check (the one host read of a decode), or with window ends (token counts) at each end; the
+steps and the RNG stream are `decode`'s own.
 
 With a capturing preset the prompt is prefilled by graph replays too (`prefill.PaddedPrefill`: the prompt
 padded to a multiple of 64 positions, masked; one graph per length bucket, captured as the preset says),
