@@ -23,7 +23,6 @@ from voicehub.models.gpt_sovits.acoustic_graphs import (
     AcousticGraphs,
     build_acoustic_graphs,
     cfm_frame_buckets,
-    feature_frames,
 )
 from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, VocoderWindow, solve_pieces, vocode_windows
 from voicehub.models.gpt_sovits.bigvgan import vocode
@@ -34,6 +33,7 @@ from voicehub.models.gpt_sovits.engine_start import cfm_start_keys, vocoder_star
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
+from voicehub.models.gpt_sovits.window_shapes import feature_frames
 from voicehub.runtime import cuda_graphs
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner
 from voicehub.text.options import Language

@@ -60,10 +60,11 @@ from voicehub.models.gpt_sovits.encoder_graphs import (
     forwards_of,
 )
 from voicehub.models.gpt_sovits.presets import PRESETS, PresetName
-from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3, encp_lengths
+from voicehub.models.gpt_sovits.sovits.model import SynthesizerV3
 from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
-from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, VocoderStream, window_ends
+from voicehub.models.gpt_sovits.streaming import window_ends
 from voicehub.models.gpt_sovits.vocoder_graphs import VocoderGraphs
+from voicehub.models.gpt_sovits.window_shapes import cfm_piece_frames, stream_window_frames
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket, round_up
 
@@ -92,45 +93,6 @@ def cfm_frame_buckets(step: int = CFM_FRAME_BUCKET, largest: int = T_CHUNK) -> t
     """Frame buckets of the CFM graphs: the multiples of `step` up to the first that holds `largest`
     (every bucket a multiple of 8 frames, as the masked attention kernels like their rows aligned)."""
     return tuple(range(step, round_up(largest, step) + 1, step))
-
-
-def feature_frames(n_tokens: int, speed: float) -> int:
-    """Frames `SynthesizerV3.decode_encp` makes from n_tokens semantic tokens at `speed` (`encp_lengths`)."""
-    return encp_lengths(n_tokens, speed)[1]
-
-
-def stream_window_frames(vocoder: BigVGAN, chunk_tokens: int, speed: float, n_windows: int) -> list[int]:
-    """Mel frames of the first `n_windows` vocoder calls of a long streamed sentence (none its last), as
-    `VocoderStream` makes them from the windows of `window_ends(chunk_tokens)`: the shapes a sentence's
-    first chunks need. Nothing runs on the vocoder."""
-    hop, num_mels = vocoder.conf.hop_size, vocoder.conf.num_mels
-    lengths: list[int] = []
-
-    def record(_: BigVGAN, mel: torch.Tensor) -> torch.Tensor:
-        lengths.append(mel.shape[2])
-        return mel.new_zeros(1, mel.shape[2] * hop)
-
-    stream = VocoderStream(vocoder, vocode_window=record)
-    made = 0
-    # a call each window once the first is long enough
-    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):
-        if len(lengths) >= n_windows:
-            break
-        total = feature_frames(end, speed)
-        stream.push(torch.zeros(1, num_mels, total - made), is_last=False)
-        made = total
-    return lengths[:n_windows]
-
-
-def cfm_piece_frames(prompt_frames: int, chunk_tokens: int, speed: float, n_pieces: int) -> list[int]:
-    """Frames N of the first `n_pieces` CFM pieces of a long streamed sentence (`CfmStream`: the reference
-    prompt, up to CFM_CONTEXT_FRAMES of output so far, the new frames of a window of `window_ends`)."""
-    sizes, made = [], 0
-    for end in islice(window_ends(chunk_tokens), n_pieces):
-        new = feature_frames(end, speed) - made
-        sizes.append(min(T_CHUNK, prompt_frames + min(CFM_CONTEXT_FRAMES, made) + new))
-        made += new
-    return sizes
 
 
 @dataclass

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ import torch
 
 from voicehub.audio.fades import FadeShape, StreamJoiner
 from voicehub.audio.mel import denorm_spec
-from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs, feature_frames
+from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.bigvgan import BigVGAN, vocode
 from voicehub.models.gpt_sovits.cfm.dit import DiT
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
@@ -45,7 +44,6 @@ from voicehub.models.gpt_sovits.streaming import (
     VOCODER_LEFT_FRAMES,
     VOCODER_LOOKAHEAD_FRAMES,
     VOCODER_OVERLAP_FRAMES,
-    window_ends,
 )
 from voicehub.runtime.eager_conv import without_cudnn
 
@@ -403,24 +401,3 @@ def vocode_windows(
             for row, i in enumerate(chunk):
                 out[i] = audio[row]
     return out, report  # type: ignore[return-value]
-
-
-def engine_window_frames(
-    hop: int, sample_rate: int, chunk_tokens: int, speed: float, bucket_frames: int, n_windows: int
-) -> list[int]:
-    """Frames of the first `n_windows` vocoder windows (none a sentence's last) of a long sentence in
-    the stream engine (windows of `window_ends(chunk_tokens)`), as `VocoderRows` makes them: the lengths
-    worth capturing. Nothing is vocoded."""
-    rows = VocoderRows(hop, sample_rate, bucket_frames=bucket_frames)
-    lengths: list[int] = []
-    made = 0
-    # a window each push once the first is long enough
-    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):
-        if len(lengths) >= n_windows:
-            break
-        total = feature_frames(end, speed)
-        window = rows.push(torch.zeros(1, 1, total - made), None)
-        made = total
-        if window is not None:
-            lengths.append(window.n_frames)
-    return lengths

@@ -7,14 +7,19 @@ With `lazy`, `off` or no CUDA nothing is captured here.
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import NamedTuple
 
-from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, cfm_piece_frames
-from voicehub.models.gpt_sovits.batch_acoustic import engine_window_frames
+import torch
+
+from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS
+from voicehub.models.gpt_sovits.batch_acoustic import VocoderRows
 from voicehub.models.gpt_sovits.encoder_graphs import EncoderRowGraphs, RowEncoderKey
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.serving_config import ENGINE_LOAD_WINDOWS, ServingConfig
 from voicehub.models.gpt_sovits.sovits.synth import T_REF
+from voicehub.models.gpt_sovits.streaming import window_ends
+from voicehub.models.gpt_sovits.window_shapes import cfm_piece_frames, feature_frames
 from voicehub.runtime.cuda_graphs import GraphPreset
 from voicehub.runtime.kv_cache import pick_bucket
 
@@ -28,6 +33,27 @@ class StartGraphs(NamedTuple):
     vocoder: list[tuple[int, int]]
     encoder: list[RowEncoderKey]
     cfm: list[tuple[int, int]]
+
+
+def engine_window_frames(
+    hop: int, sample_rate: int, chunk_tokens: int, speed: float, bucket_frames: int, n_windows: int
+) -> list[int]:
+    """Frames of the first `n_windows` vocoder windows (none a sentence's last) of a long sentence in
+    the stream engine (windows of `window_ends(chunk_tokens)`), as `VocoderRows` makes them: the lengths
+    worth capturing. Nothing is vocoded."""
+    rows = VocoderRows(hop, sample_rate, bucket_frames=bucket_frames)
+    lengths: list[int] = []
+    made = 0
+    # a window each push once the first is long enough
+    for end in islice(window_ends(chunk_tokens), 4 * n_windows + 1):
+        if len(lengths) >= n_windows:
+            break
+        total = feature_frames(end, speed)
+        window = rows.push(torch.zeros(1, 1, total - made), None)
+        made = total
+        if window is not None:
+            lengths.append(window.n_frames)
+    return lengths
 
 
 def vocoder_start_shapes(pipeline: Pipeline, config: ServingConfig) -> list[tuple[int, int]]:
