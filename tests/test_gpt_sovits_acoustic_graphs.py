@@ -11,6 +11,7 @@ chunks of a stream capture nothing new). GPU tests (`-m gpu`) hold real graphs t
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,19 +21,28 @@ from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa:
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.acoustic_graphs import (
+    LOAD_SPEEDS,
     AcousticGraphs,
     build_acoustic_graphs,
     cfm_frame_buckets,
 )
-from voicehub.models.gpt_sovits.batch_acoustic import CfmPiece, VocoderWindow, solve_pieces, vocode_windows
+from voicehub.models.gpt_sovits.batch_acoustic import (
+    CfmPiece,
+    VocoderRows,
+    VocoderWindow,
+    solve_pieces,
+    vocode_windows,
+)
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.cfm import solve
 from voicehub.models.gpt_sovits.cfm.schedule import dyadic_steps
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
-from voicehub.models.gpt_sovits.engine_start import cfm_start_keys, vocoder_start_shapes
+from voicehub.models.gpt_sovits.engine_start import cfm_start_keys, masked_start_keys, vocoder_start_shapes
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
+from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
+from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, window_ends
 from voicehub.models.gpt_sovits.window_shapes import feature_frames
 from voicehub.runtime import cuda_graphs
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner
@@ -289,8 +299,9 @@ def test_vocoder_row_graphs_are_bounded_and_say_why_not(model, captured, caplog)
 
 
 def test_vocode_windows_replay_grid_lengths_and_count_the_rest(model, captured):
-    """Windows on the 16-frame grid share one replay; others replay their one-row graph per window;
-    past the graph limit a window runs eagerly with its reason; the audio is eager's either way."""
+    """Windows on the 16-frame grid share one replay; others replay the masked one-row graph of their
+    frame bucket, one window a call (those few graphs are not counted against the limit); past the graph
+    limit a grid window runs eagerly with its reason; the audio is eager's either way."""
     voc = model.pipeline.vocoder
     graphs = _graphs(model.pipeline)
     mels = _mels(16, 3, seed=1) + _mels(13, 2, seed=2)
@@ -299,7 +310,7 @@ def test_vocode_windows_replay_grid_lengths_and_count_the_rest(model, captured):
         eager, eager_calls = vocode_windows(voc, windows, 8)
         got, calls = vocode_windows(voc, windows, 8, graphs, bucket_frames=16)
         assert eager_calls.eager == {"no_graphs": 5} and eager_calls.calls == 2
-        assert captured == [(4, 16), (1, 13)]
+        assert captured == [(4, 16), (1, 64, "masked")]  # 13 frames: off the grid, the masked 64-frame graph
         assert (calls.calls, calls.replayed, calls.padded_rows, calls.off_grid, calls.eager) == (
             3,
             5,
@@ -307,13 +318,62 @@ def test_vocode_windows_replay_grid_lengths_and_count_the_rest(model, captured):
             2,
             {},
         )
-        graphs.vocoder.budget.max_graphs = 2
+        graphs.vocoder.budget.max_graphs = 1  # the (4, 16) graph
         late = [VocoderWindow(0, m, 0, 0, 32 * 256, True, True) for m in _mels(32, 2, seed=3)]
         got_late, late_calls = vocode_windows(voc, late, 8, graphs, bucket_frames=16)
         assert late_calls.eager == {"graph_limit": 2} and late_calls.replayed == 0
         want_late, _ = vocode_windows(voc, late, 8)
     for a, b in zip(got + got_late, eager + want_late):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def _sentence_shapes(n_tokens: int, speed: float, hop: int, sample_rate: int) -> tuple[list[int], list[int]]:
+    """(CFM piece frames, vocoder window lengths) of one engine sentence of n_tokens at the default
+    windows, a reference of T_REF frames: the engine's CfmRows split and VocoderRows grid, on zeros."""
+    ends = [e for e in islice(window_ends(ServingConfig.chunk_tokens), 20) if e < n_tokens] + [n_tokens]
+    rows = VocoderRows(hop, sample_rate, bucket_frames=ServingConfig.vocoder_bucket_frames)
+    pieces, lengths, made = [], [], 0
+    for i, end in enumerate(ends):
+        new = feature_frames(end, speed) - made
+        rows_new = new
+        while new > 0:  # CfmStream's split: a piece fills T_CHUNK after the prompt and the context
+            prompt = T_REF + min(CFM_CONTEXT_FRAMES, made)
+            piece = min(new, T_CHUNK - prompt)
+            pieces.append(prompt + piece)
+            made, new = made + piece, new - piece
+        window = rows.push(torch.zeros(1, 1, rows_new), None, is_last=i == len(ends) - 1)
+        if window is not None:
+            lengths.append(window.n_frames)
+    return pieces, lengths
+
+
+def test_engine_start_sets_hold_every_shape_of_a_sentence(model):
+    """With `full`, every CFM piece and vocoder window of a sentence of 1-500 tokens at the load speeds
+    (a reference of 5 s or more) has its graph captured when the engine starts (windows off the grid: the
+    masked one-row graphs): none is captured inside a round, where it would stall every stream."""
+    pipe = model.pipeline
+    pipe.acoustic_graphs = _graphs(pipe, "full")
+    try:
+        config = ServingConfig()
+        cfm = set(cfm_start_keys(pipe, config))
+        vocoder = {n for _, n in vocoder_start_shapes(pipe, config)}
+        masked = set(masked_start_keys(pipe, config))
+        conf, bucket = pipe.vocoder.conf, config.vocoder_bucket_frames
+        n_off_grid = 0
+        for speed in LOAD_SPEEDS:
+            for n_tokens in range(1, 501, 3):
+                pieces, lengths = _sentence_shapes(n_tokens, speed, conf.hop_size, conf.sampling_rate)
+                for frames in pieces:
+                    key = pipe.acoustic_graphs.cfm.key(1, frames)
+                    assert all((r, key[1]) in cfm for r in (1, 16)), (speed, n_tokens, frames)
+                grid = {n for n in lengths if n % bucket == 0}
+                assert grid <= vocoder, (speed, n_tokens, sorted(grid - vocoder))
+                for n in set(lengths) - grid:  # off the grid: the masked one-row graphs
+                    assert pipe.acoustic_graphs.vocoder.masked_key(n) in masked, (speed, n_tokens, n)
+                    n_off_grid += 1
+        assert n_off_grid  # short sentences have such windows
+    finally:
+        pipe.acoustic_graphs = None
 
 
 def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, captured):
@@ -327,10 +387,13 @@ def test_engine_windows_replay_row_graphs_alone_or_among_others(model, voice, ca
             max_streams=3, max_vocoder_batch=4, chunk_tokens=8, vocoder_bucket_frames=32, max_cfm_batch=4
         )
         engine = StreamEngine(model, config)
-        # the vocoder's (rows, frames), then the encoder's (3 long), then the CFM's (rows, frames)
-        n_cfm = len(engine.cfm_graphs_at_start)
-        at_start = [k for k in captured[: len(captured) - n_cfm] if len(k) == 2]
-        assert len(captured) == len(at_start) + len(engine.encoder_graphs_at_start) + n_cfm > len(at_start)
+        # the masked one-row vocoder graphs, the vocoder's (rows, frames), then the encoder's (3 long),
+        # then the CFM's (rows, frames)
+        n_cfm, masked = len(engine.cfm_graphs_at_start), engine.masked_vocoder_graphs_at_start
+        assert masked and captured[: len(masked)] == sorted(masked, key=lambda k: -k[1])
+        at_start = [k for k in captured[len(masked) : len(captured) - n_cfm] if len(k) == 2]
+        n_encoder = len(engine.encoder_graphs_at_start)
+        assert len(captured) == len(masked) + len(at_start) + n_encoder + n_cfm > len(at_start)
         # CFM: every row bucket up to max_cfm_batch of a long sentence's first pieces (2 frame buckets at T_REF)
         largest_first = lambda k: (-k[0] * k[1], -k[0])  # noqa: E731
         assert n_cfm and captured[-n_cfm:] == sorted(cfm_start_keys(pipe, config), key=largest_first)

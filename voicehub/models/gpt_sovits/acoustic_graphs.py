@@ -303,6 +303,13 @@ class AcousticGraphs:
             return sorted({self.vocoder.key(r, n) for r, n in shapes} & set(self.vocoder.captured))
 
     @torch.inference_mode()
+    def capture_masked_vocoder(self, keys: Sequence[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+        """Capture masked vocoder graphs of `keys` (each once); returns those held now."""
+        with self._lock:
+            self.vocoder.capture_masked(keys)
+            return [k for k in keys if k in self.vocoder.captured]
+
+    @torch.inference_mode()
     def capture_cfm(self, keys: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """Capture CFM graphs of (rows, frames) `keys` at COMMON_SAMPLE_STEPS (each once; largest first: later
         captures reuse the pool's memory); returns the keys held now at those steps."""

@@ -342,9 +342,9 @@ class VocoderRows:
 @dataclass
 class VocoderCalls:
     """What `vocode_windows` ran: calls, windows replayed from graphs (and the zero rows that padded
-    them to a row bucket), windows replayed one a call (a length off the bucket grid), windows run
-    eagerly by reason ('no_graphs': no acoustic graphs, as on the CPU or preset off; see
-    `VocoderGraphs.eager_reason` for the others)."""
+    them to a row bucket), windows replayed one a call on the masked graphs (a length off the bucket
+    grid), windows run eagerly by reason ('no_graphs': no acoustic graphs, as on the CPU or preset
+    off; see `VocoderGraphs.eager_reason` for the others)."""
 
     calls: int = 0
     replayed: int = 0
@@ -372,8 +372,10 @@ def vocode_windows(
     """Vocode windows, those of one length together (at most max_batch a call) -> float32 audio each,
     and what ran. graphs: windows whose length is a multiple of bucket_frames (> 1: the grid
     `VocoderRows` grows windows to) replay the (row bucket, length) graph, rows padded with zeros; other
-    lengths replay their one-row graph once per window (their lengths are many: one graph each, not one
-    per row bucket). A window no graph serves runs eagerly, and `VocoderCalls.eager` says why."""
+    lengths (a short sentence whole, or a window with no history to grow into) replay the masked one-row
+    graph of their frame bucket, one window a call (`AcousticGraphs.vocode_mel`: the per-sentence path's
+    few graphs, so a new length captures nothing inside a round). A window no graph serves runs eagerly,
+    and `VocoderCalls.eager` says why."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i, w in enumerate(windows):
         groups[w.n_frames].append(i)
@@ -387,12 +389,18 @@ def vocode_windows(
         for lo in range(0, len(members), size):
             chunk = members[lo : lo + size]
             mels = [windows[i].mel for i in chunk]
-            reason = "no_graphs" if graphs is None else graphs.vocoder_eager_reason(len(chunk), n)
-            if reason is None:
+            if graphs is None:
+                reason = "no_graphs"
+            else:  # off the grid: the masked graphs serve any length
+                reason = graphs.vocoder_eager_reason(len(chunk), n) if is_grid else None
+            if reason is None and not is_grid:
+                audio = graphs.vocode_mel(vocoder, mels[0][None])  # one window a call
+                report.replayed += 1
+                report.off_grid += 1
+            elif reason is None:
                 audio = graphs.vocode_rows(vocoder, mels)
                 report.replayed += len(chunk)
                 report.padded_rows += graphs.vocoder.key(len(chunk), n)[0] - len(chunk)
-                report.off_grid += 0 if is_grid else len(chunk)
             else:
                 audio = vocode(vocoder, torch.stack(mels))
                 report.eager[reason] = report.eager.get(reason, 0) + len(chunk)

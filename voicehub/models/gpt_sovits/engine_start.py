@@ -28,11 +28,12 @@ AT_START = (GraphPreset.FULL, GraphPreset.MINIMAL)
 
 class StartGraphs(NamedTuple):
     """The keys captured when the engine started: vocoder (rows, frames), encoder (rows, tokens,
-    phonemes, speed) and CFM (rows, frames)."""
+    phonemes, speed), CFM (rows, frames) and the masked one-row vocoder graphs (1, frames, 'masked')."""
 
     vocoder: list[tuple[int, int]]
     encoder: list[RowEncoderKey]
     cfm: list[tuple[int, int]]
+    masked: list[tuple[int, int, str]]
 
 
 def engine_window_frames(
@@ -56,6 +57,26 @@ def engine_window_frames(
     return lengths
 
 
+def _first_windows(pipeline: Pipeline, config: ServingConfig) -> set[int]:
+    """Frames of a long sentence's first ENGINE_LOAD_WINDOWS vocoder windows at LOAD_SPEEDS."""
+    conf, bucket = pipeline.vocoder.conf, config.vocoder_bucket_frames
+    return {
+        n for speed in LOAD_SPEEDS for n in engine_window_frames(
+            conf.hop_size, conf.sampling_rate, config.chunk_tokens, speed, bucket, ENGINE_LOAD_WINDOWS
+        )
+    }  # fmt: skip
+
+
+def masked_start_keys(pipeline: Pipeline, config: ServingConfig) -> list[tuple[int, int, str]]:
+    """The masked one-row vocoder graphs of every frame bucket up to the longest first window's: windows
+    off the grid (a short sentence whole, a window with no history to grow into) replay them."""
+    graphs = pipeline.acoustic_graphs
+    if graphs is None or config.vocoder_bucket_frames == 1 or graphs.preset not in AT_START:
+        return []
+    most = graphs.vocoder.masked_key(max(_first_windows(pipeline, config)))
+    return [k for k in graphs.vocoder.masked_keys() if k[0] == 1 and k[1] <= most[1]]
+
+
 def vocoder_start_shapes(pipeline: Pipeline, config: ServingConfig) -> list[tuple[int, int]]:
     """(rows, frames) vocoder graphs: with `full`, every row bucket of every grid length up to the longest
     of a long sentence's first ENGINE_LOAD_WINDOWS windows at the common chunk and speeds (a sentence's
@@ -63,12 +84,7 @@ def vocoder_start_shapes(pipeline: Pipeline, config: ServingConfig) -> list[tupl
     graphs, bucket = pipeline.acoustic_graphs, config.vocoder_bucket_frames
     if graphs is None or bucket == 1 or graphs.preset not in AT_START:
         return []
-    conf = pipeline.vocoder.conf
-    windows = {
-        n for speed in LOAD_SPEEDS for n in engine_window_frames(
-            conf.hop_size, conf.sampling_rate, config.chunk_tokens, speed, bucket, ENGINE_LOAD_WINDOWS
-        )
-    }  # fmt: skip
+    windows = _first_windows(pipeline, config)
     lengths = windows if graphs.preset is GraphPreset.MINIMAL else range(bucket, max(windows) + 1, bucket)
     shapes = []
     for n in sorted(n for n in lengths if n % bucket == 0):
@@ -113,13 +129,16 @@ def cfm_start_keys(pipeline: Pipeline, config: ServingConfig) -> list[tuple[int,
 def capture_start_graphs(
     pipeline: Pipeline, config: ServingConfig, encoder_graphs: EncoderRowGraphs | None
 ) -> StartGraphs:
-    """Capture the three start sets (vocoder, encoder, CFM) -> the keys held afterwards."""
+    """Capture the start sets (masked vocoder, vocoder, encoder, CFM) -> the keys held afterwards."""
+    masked = masked_start_keys(pipeline, config)
     shapes = vocoder_start_shapes(pipeline, config)
     keys = encoder_start_keys(pipeline, config, encoder_graphs)
     cfm = cfm_start_keys(pipeline, config)
     acoustic = pipeline.acoustic_graphs
+    masked_held = acoustic.capture_masked_vocoder(masked) if masked else []
     return StartGraphs(
         acoustic.capture_vocoder(shapes) if shapes else [],
         encoder_graphs.capture(keys) if keys else [],
         acoustic.capture_cfm(cfm) if cfm else [],
+        masked_held,
     )

@@ -101,10 +101,11 @@ class StreamEngine:
             self.encoder_graphs = EncoderRowGraphs(pipeline.sovits, pipeline.device, capture_on_use=on_use)
         t0 = time.perf_counter()
         at_start = capture_start_graphs(pipeline, self.config, self.encoder_graphs)
-        self.vocoder_graphs_at_start, self.encoder_graphs_at_start, self.cfm_graphs_at_start = at_start
+        self.vocoder_graphs_at_start, self.encoder_graphs_at_start, self.cfm_graphs_at_start = at_start[:3]
+        self.masked_vocoder_graphs_at_start = at_start.masked
         log.info(
-            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder, %d encoder and %d CFM graphs "
-            "captured in %.2f s, %s", sizes.max_batch, preset, *(len(k) for k in at_start),
+            "GPT-SoVITS v3 stream engine: %d rows, T2S preset %s, %d vocoder, %d encoder, %d CFM and %d masked "
+            "vocoder graphs captured in %.2f s, %s", sizes.max_batch, preset, *(len(k) for k in at_start),
             time.perf_counter() - t0, self.config,
         )  # fmt: skip
 
