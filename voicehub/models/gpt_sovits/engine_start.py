@@ -69,9 +69,10 @@ def _first_windows(pipeline: Pipeline, config: ServingConfig) -> set[int]:
 
 def masked_start_keys(pipeline: Pipeline, config: ServingConfig) -> list[tuple[int, int, str]]:
     """The masked one-row vocoder graphs of every frame bucket up to the longest first window's: windows
-    off the grid (a short sentence whole, a window with no history to grow into) replay them."""
+    off the grid (a short sentence whole, a window with no history to grow into; every window with
+    vocoder_bucket_frames 1) replay them."""
     graphs = pipeline.acoustic_graphs
-    if graphs is None or config.vocoder_bucket_frames == 1 or graphs.preset not in AT_START:
+    if graphs is None or graphs.preset not in AT_START:
         return []
     most = graphs.vocoder.masked_key(max(_first_windows(pipeline, config)))
     return [k for k in graphs.vocoder.masked_keys() if k[0] == 1 and k[1] <= most[1]]

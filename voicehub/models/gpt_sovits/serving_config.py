@@ -19,12 +19,13 @@ ENGINE_LOAD_WINDOWS = 4  # a long sentence's first windows whose lengths the eng
 @dataclass(frozen=True)
 class ServingConfig:
     """Engine sizes and policy. max_streams: T2S rows (streams decoding at once); max_queue: requests
-    waiting for a row before `submit` raises QueueFullError; chunk_tokens: the window of a request that
-    gives no stream_chunk_tokens; max_cfm_batch / max_vocoder_batch / max_encoder_batch: rows per CFM /
-    vocoder / SoVITS encoder call (max_encoder_batch 1: the encoder per stream, `decode_encp` itself);
-    urgent_s: slack under which a stream gets another CFM batch in the same round (and its vocoder
-    windows run now); vocoder_bucket_frames: vocoder windows grow (by left context) to a multiple of
-    this, so more share a call and a graph (1: the windows' own lengths; see VOCODER_BUCKET_FRAMES);
+    waiting for a row before `submit` raises QueueFullError; chunk_tokens: the first window of a request
+    that gives no stream_chunk_tokens (later ones grow: streaming.window_ends); max_cfm_batch /
+    max_vocoder_batch / max_encoder_batch: rows per CFM / vocoder / SoVITS encoder call (max_encoder_batch
+    1: the encoder per stream, `decode_encp` itself); urgent_s: slack under which a stream gets another
+    CFM batch in the same round (and its vocoder windows run now); vocoder_bucket_frames: vocoder windows
+    grow (by left context) to a multiple of this, so more share a call and a graph (1: the windows' own
+    lengths, each on the masked one-row graph of its frame bucket; see VOCODER_BUCKET_FRAMES);
     hold_vocoder: vocoder windows of streams more than urgent_s from running dry wait (across rounds)
     for others to share their call, until max_vocoder_batch wait or one is urgent (False: each CFM
     batch's windows are vocoded right after it); stop_check_interval: T2S steps per round."""
