@@ -28,6 +28,7 @@ from voicehub.models.gpt_sovits.acoustic_graphs import (
 )
 from voicehub.models.gpt_sovits.batch_acoustic import (
     CfmPiece,
+    CfmRows,
     VocoderRows,
     VocoderWindow,
     solve_pieces,
@@ -41,8 +42,8 @@ from voicehub.models.gpt_sovits.engine_start import cfm_start_keys, masked_start
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.models.gpt_sovits.serving import ServingConfig, StreamEngine
-from voicehub.models.gpt_sovits.sovits.synth import T_CHUNK, T_REF
-from voicehub.models.gpt_sovits.streaming import CFM_CONTEXT_FRAMES, window_ends
+from voicehub.models.gpt_sovits.sovits.synth import T_REF
+from voicehub.models.gpt_sovits.streaming import window_ends
 from voicehub.models.gpt_sovits.window_shapes import feature_frames
 from voicehub.runtime import cuda_graphs
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner
@@ -329,19 +330,21 @@ def test_vocode_windows_replay_grid_lengths_and_count_the_rest(model, captured):
 
 def _sentence_shapes(n_tokens: int, speed: float, hop: int, sample_rate: int) -> tuple[list[int], list[int]]:
     """(CFM piece frames, vocoder window lengths) of one engine sentence of n_tokens at the default
-    windows, a reference of T_REF frames: the engine's CfmRows split and VocoderRows grid, on zeros."""
+    windows, a reference of T_REF frames: the engine's own CfmRows and VocoderRows, on zeros (1 channel)."""
     ends = [e for e in islice(window_ends(ServingConfig.chunk_tokens), 20) if e < n_tokens] + [n_tokens]
+    prompt = SimpleNamespace(fea=torch.zeros(1, 1, T_REF), mel=torch.zeros(1, 1, T_REF))
+    cfm = CfmRows(prompt, 4, torch.Generator())
     rows = VocoderRows(hop, sample_rate, bucket_frames=ServingConfig.vocoder_bucket_frames)
     pieces, lengths, made = [], [], 0
     for i, end in enumerate(ends):
         new = feature_frames(end, speed) - made
-        rows_new = new
-        while new > 0:  # CfmStream's split: a piece fills T_CHUNK after the prompt and the context
-            prompt = T_REF + min(CFM_CONTEXT_FRAMES, made)
-            piece = min(new, T_CHUNK - prompt)
-            pieces.append(prompt + piece)
-            made, new = made + piece, new - piece
-        window = rows.push(torch.zeros(1, 1, rows_new), None, is_last=i == len(ends) - 1)
+        made += new
+        cfm.add(torch.zeros(1, 1, new))
+        while cfm.n_todo:
+            piece = cfm.next_piece(None, 1)
+            pieces.append(piece.n_frames)
+            cfm.absorb(torch.zeros(1, 1, piece.n_frames - piece.prompt.shape[1]))
+        window = rows.push(torch.zeros(1, 1, new), None, is_last=i == len(ends) - 1)
         if window is not None:
             lengths.append(window.n_frames)
     return pieces, lengths
