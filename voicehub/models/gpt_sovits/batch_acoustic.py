@@ -389,15 +389,12 @@ def vocode_windows(
         for lo in range(0, len(members), size):
             chunk = members[lo : lo + size]
             mels = [windows[i].mel for i in chunk]
-            if graphs is None:
-                reason = "no_graphs"
-            else:  # off the grid: the masked graphs serve any length
-                reason = graphs.vocoder_eager_reason(len(chunk), n) if is_grid else None
-            if reason is None and not is_grid:
-                audio = graphs.vocode_mel(vocoder, mels[0][None])  # one window a call
+            reason = "no_graphs" if graphs is None else None
+            if graphs is not None and not is_grid:  # the masked graphs serve any length, one window a call
+                audio = graphs.vocode_mel(vocoder, mels[0][None])
                 report.replayed += 1
                 report.off_grid += 1
-            elif reason is None:
+            elif graphs is not None and (reason := graphs.vocoder_eager_reason(len(chunk), n)) is None:
                 audio = graphs.vocode_rows(vocoder, mels)
                 report.replayed += len(chunk)
                 report.padded_rows += graphs.vocoder.key(len(chunk), n)[0] - len(chunk)
