@@ -1,0 +1,162 @@
+"""Where the many-row T2S stack's step time goes at 64 rows, and whether row groups on parallel streams help.
+
+The many-row stack (`t2s_layer_mma_triton`) takes ~0.97 ms a step at one row and ~1.34 ms at 64
+(`t2s_batch_triton_h200.json`, replay only): most of a 64-row step is the chain of ~120 small
+kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 480 / 730:
+- `chain`: one call over all rows (what the engine runs), PDL off (the table's) and on;
+- `groups=G`: the rows in G groups of 64/G, each group's whole stack on its own CUDA stream (forked
+  and joined inside one graph), so one group's kernels fill the gaps of another's; its logits are
+  compared bit for bit with `chain`'s (the kernels are batch-invariant: they must be equal);
+- `chain` at 16 and 32 rows, for the floor a group pays alone.
+With --ncu it instead runs one eager step at 1 and 64 rows between cudaProfilerStart/Stop, for
+`ncu --profile-from-start off` to time every kernel alone (the sum against the graph's step time
+is the share of launch gaps and tails).
+
+    python benchmarks/t2s_rows_probe.py --out results/t2s_rows_probe_h200.json
+    ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
+        python benchmarks/t2s_rows_probe.py --ncu > ncu.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+from t2s_layer_bench import SIZES, random_inputs, time_us
+from t2s_layer_bench import meta as layer_meta
+
+from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
+
+
+def run_stack(s, x, w, k, v, lengths, n_slots, cfg, logits) -> None:
+    """`decode_stack_mma` with its scratch given (allocated outside the graph, one per group)."""
+    x_in, prev = x, None
+    for i, layer in enumerate(w.layers):
+        mk.qkv_stage(s, x_in, prev, layer, k[i], v[i], lengths, w.eps, cfg)
+        mk.attention_stage(s, k[i], v[i], lengths, n_slots, cfg)
+        mk.out_proj_stage(s, layer, w.eps, cfg)
+        mk.ffn1_stage(s, layer, w.eps, cfg)
+        mk.ffn2_stage(s, layer, w.eps, cfg)
+        x_in, prev = s.x_ffn, layer
+    mk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)
+
+
+def grouped(inputs, n_slots: int, cfg, n_groups: int):
+    """A callable stepping every row in n_groups row groups, group g on stream g (0: the caller's)."""
+    x, w, k, v, lengths = inputs
+    n_rows = x.shape[0]
+    size = n_rows // n_groups
+    spans = [(g * size, (g + 1) * size) for g in range(n_groups)]
+    scratch = [mk.Scratch.allocate(size, w, k.shape[3], cfg) for _ in spans]
+    logits = torch.empty(n_rows, w.head_weight.shape[0], device=x.device, dtype=x.dtype)
+    side = [torch.cuda.Stream() for _ in spans[1:]] if x.is_cuda else []
+
+    def step() -> torch.Tensor:
+        main = torch.cuda.current_stream() if x.is_cuda else None
+        for stream in side:
+            stream.wait_stream(main)  # (on the CPU: no streams, the groups run one after another)
+        for g, (lo, hi) in enumerate(spans):
+            ctx = torch.cuda.stream(side[g - 1]) if g and side else _null()
+            with ctx:
+                run_stack(scratch[g], x[lo:hi], w, k[:, lo:hi], v[:, lo:hi], lengths[lo:hi], n_slots, cfg,
+                          logits[lo:hi])  # fmt: skip
+        for stream in side:
+            main.wait_stream(stream)
+        return logits
+
+    return step
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def probe(args) -> dict:
+    dtype = getattr(torch, args.dtype)
+    n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
+    base = mk.config_for(dim, ffn_dim, n_head, vocab)
+    pdl = dataclasses.replace(base, pdl=not base.pdl)
+    rows_out = []
+    for length in (int(n) for n in args.lengths.split(",")):
+        n_slots = min(next(b for b in (256, 384, 512, 768, 1024) if b > length), args.max_slots)
+        inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
+        k0, v0 = inputs[2].clone(), inputs[3].clone()  # every variant writes the same k, v at `length`
+        want = grouped(inputs, n_slots, base, 1)().clone()
+        variants = [("chain", base, 1), (f"chain pdl={pdl.pdl}", pdl, 1)]
+        variants += [(f"groups={g}", base, g) for g in (int(n) for n in args.groups.split(","))]
+        variants += [(f"groups={g} pdl={pdl.pdl}", pdl, g) for g in (int(n) for n in args.groups.split(","))]
+        for name, cfg, n_groups in variants:
+            inputs[2].copy_(k0)
+            inputs[3].copy_(v0)
+            fn = grouped(inputs, n_slots, cfg, n_groups)
+            got = fn().clone()
+            row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name,
+                   "groups": n_groups, "pdl": cfg.pdl, "equal_to_chain": bool(torch.equal(got, want))}  # fmt: skip
+            row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
+            print(json.dumps(row), flush=True)
+            rows_out.append(row)
+        for rows in (16, 32):  # a group's floor alone
+            sub = (inputs[0][:rows], inputs[1], inputs[2][:, :rows], inputs[3][:, :rows], inputs[4][:rows])
+            row = {"rows": rows, "length": length, "n_slots": n_slots, "variant": "chain", "groups": 1,
+                   "pdl": base.pdl, "step_us": time_us(grouped(sub, n_slots, base, 1), args.device == "cuda",
+                                                       args.replays)}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows_out.append(row)
+        del inputs, k0, v0
+        torch.cuda.empty_cache() if args.device == "cuda" else None
+    return {"results": rows_out, "config": dataclasses.asdict(base)}
+
+
+def ncu_steps(args) -> None:
+    """One eager step at 1 and at 64 rows inside cudaProfilerStart/Stop (compiled and warmed up before)."""
+    dtype = getattr(torch, args.dtype)
+    n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
+    base = mk.config_for(dim, ffn_dim, n_head, vocab)
+    for rows in (1, args.rows):
+        inputs = random_inputs(args.size, rows, 730, args.max_slots, dtype, args.device)
+        fn = grouped(inputs, 768, base, 1)
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"# ncu step rows={rows}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", default="full", choices=list(SIZES))
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--lengths", default="480,730")
+    p.add_argument("--groups", default="2,4")
+    p.add_argument("--max-slots", type=int, default=1024)
+    p.add_argument("--replays", type=int, default=100)
+    p.add_argument("--ncu", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    if args.ncu:
+        ncu_steps(args)
+        return
+    report = probe(args)
+    args.length, args.n_slots = args.lengths, "bucket above each length"
+    report["meta"] = {**layer_meta(args), "benchmark": "t2s_rows_probe"}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
