@@ -1,11 +1,16 @@
 """Per-row counter noise (runtime/row_rng.py): Exp(1) noise that is never 0, and rows independent of
-their batch."""
+their batch; the ROW_NOISE op's Triton kernel equal to its definition bit for bit (interpreted on the
+CPU; compiled on a GPU)."""
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 
-from voicehub.runtime.row_rng import exponential_noise, hash_noise, row_keys, vocab_keys
+from voicehub.runtime.kernels import registry
+from voicehub.runtime.row_rng import MASK32, exponential_noise, hash_noise, row_keys, row_noise, vocab_keys
 from voicehub.runtime.sampling import draw
 
 TOP = 0xFFFFFFFF  # every kept bit set: the largest uniform, 1 - 2^-25
@@ -35,3 +40,44 @@ def test_a_rows_noise_does_not_depend_on_its_batch():
     alone = exponential_noise(row_keys(lo[1:2], hi[1:2], step[1:2]), vocab)
     assert torch.equal(together[1:2], alone) and bool((together > 0).all())
     assert abs(float(together.mean()) - 1.0) < 0.05  # Exp(1)
+
+
+def noise_inputs(n_rows: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Seeds over all 64 bits (the extremes included) and steps from 0 to past the decode limit."""
+    g = torch.Generator().manual_seed(n_rows)
+    lo, hi = (torch.randint(0, MASK32 + 1, (n_rows,), generator=g) for _ in range(2))
+    step = torch.randint(0, 2000, (n_rows,), generator=g)
+    lo[0], hi[0], step[0] = 0, MASK32, 0
+    lo[-1], hi[-1] = MASK32, 0
+    return tuple(t.to(device) for t in (lo, hi, step))
+
+
+@pytest.mark.parametrize(("n_rows", "n_vocab"), [(1, 1025), (3, 7), (5, 300)])
+def test_row_noise_triton_equals_the_definition_bit_for_bit(n_rows: int, n_vocab: int, monkeypatch):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (pip install triton): the noise kernel is untested here")
+    if torch.cuda.is_available():
+        pytest.skip(
+            "the interpreted kernel is tested on CPU-only machines (the GPU test below runs it compiled)"
+        )
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = registry.resolve(registry.ROW_NOISE, "triton", "cpu")
+    vocab = vocab_keys(n_vocab, "cpu")
+    lo, hi, step = noise_inputs(n_rows)
+    got = kernel(lo, hi, step, vocab)
+    assert got.dtype == torch.float32 and got.shape == (n_rows, n_vocab)
+    assert torch.equal(got, row_noise(lo, hi, step, vocab))
+    assert registry.reference(registry.ROW_NOISE) is row_noise
+
+
+@pytest.mark.gpu
+def test_cuda_row_noise_triton_equals_the_definition_bit_for_bit():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    kernel = registry.resolve(registry.ROW_NOISE, "triton", "cuda")
+    for n_rows in (1, 64, 128):
+        vocab = vocab_keys(1025, "cuda")
+        lo, hi, step = noise_inputs(n_rows, "cuda")
+        got = kernel(lo, hi, step, vocab)
+        assert torch.equal(got, row_noise(lo, hi, step, vocab)), n_rows
+        assert torch.equal(got.cpu(), row_noise(lo.cpu(), hi.cpu(), step.cpu(), vocab.cpu())), n_rows

@@ -77,3 +77,11 @@ def hash_noise(h: torch.Tensor) -> torch.Tensor:
     0 / 0 = NaN, which argmax takes: a wrong token about once in 2^24 entries, even for top_k 1."""
     u = ((h >> (32 - UNIFORM_BITS)).double() + 0.5) * (1.0 / (1 << UNIFORM_BITS))
     return (-torch.log(u)).float()
+
+
+def row_noise(
+    seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor, vocab: torch.Tensor
+) -> torch.Tensor:
+    """ROW_NOISE's definition: `exponential_noise(row_keys(seed_lo, seed_hi, step), vocab)`, a decode
+    step's noise [B, V] float32 (~110 elementwise kernels in torch; one in `row_noise_triton`)."""
+    return exponential_noise(row_keys(seed_lo, seed_hi, step), vocab)

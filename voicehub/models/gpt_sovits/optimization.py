@@ -5,8 +5,8 @@ BigVGAN's anti-aliased Snake (`BigVGAN.set_activation_kernel`) and the CFM DiT's
 as one GEMM over packed weights and the attention mask made once per forward (`DiT.set_kernels`; torch
 runs the ops' definitions, triton fused kernels). Triton also runs the T2S graph decoder's layers
 through the fused T2S_LAYER_STACK (T2S_LAYER_STACK_ROWS where an engine batches many streams:
-`StepKernels.for_rows`) and its sampling and state updates through T2S_SAMPLE_STEP
-(`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and with
+`StepKernels.for_rows`), its sampling and state updates through T2S_SAMPLE_STEP and an engine's
+per-row noise through ROW_NOISE (`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and with
 cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model code
 never picks a kernel: it calls whatever function its instance holds.
 The CFM schedule and step cache and compile are in techniques.py. Techniques that the family's
@@ -75,7 +75,7 @@ class KernelBackendTransform:
         if self.backend is KernelBackend.TRITON:
             return (
                 registry.ANTI_ALIAS_SNAKE, registry.T2S_LAYER_STACK, registry.T2S_LAYER_STACK_ROWS,
-                registry.T2S_SAMPLE_STEP, *DIT_OPS,
+                registry.T2S_SAMPLE_STEP, registry.ROW_NOISE, *DIT_OPS,
             )  # fmt: skip
         return (registry.ANTI_ALIAS_SNAKE, *DIT_OPS)
 
@@ -105,6 +105,7 @@ class KernelBackendTransform:
                     layer_stack=kernels[registry.T2S_LAYER_STACK],
                     layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
                     sampler=kernels[registry.T2S_SAMPLE_STEP],
+                    row_noise=kernels[registry.ROW_NOISE],
                 )
                 previous_step = pipe.set_t2s_step_kernels(step)
                 undos.append(lambda: pipe.set_t2s_step_kernels(previous_step))

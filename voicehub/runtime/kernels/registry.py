@@ -41,6 +41,8 @@ T2S_EMBED_STACK = "t2s_embed_layer_stack"
 T2S_SAMPLE_STEP = (
     "t2s_sample_step"  # f(logits, q, buf, state, lengths, *, eos, n_blocked, max_steps) -> tokens
 )
+# f(seed_lo, seed_hi, step [B], vocab_keys [V]) -> a batched decode step's Exp(1) noise [B, V] (row_rng.py)
+ROW_NOISE = "row_noise"
 # The DiT block's elementwise ops (signatures in dit_block.py):
 DIT_MODULATED_NORM = "dit_modulated_norm"  # f(x, shift, scale, eps) -> LayerNorm(x) * (1 + scale) + shift
 DIT_RESIDUAL_NORM = "dit_residual_norm"  # f(x, y, gate, mask, shift, scale, eps) -> (r, modulated norm of r)
@@ -98,6 +100,12 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.sample_step_triton:sample_step_triton",
             }
         ),
+        ROW_NOISE: MappingProxyType(
+            {
+                Backend.TORCH: "voicehub.runtime.row_rng:row_noise",
+                Backend.TRITON: f"{_PKG}.row_noise_triton:row_noise_triton",
+            }
+        ),
         **{
             op: MappingProxyType(
                 {
@@ -131,6 +139,7 @@ _REFERENCES = MappingProxyType(
         T2S_LAYER_STACK_ROWS: f"{_PKG}.t2s_layer:decode_stack_reference",
         T2S_EMBED_STACK: f"{_PKG}.t2s_layer:embed_stack_reference",
         T2S_SAMPLE_STEP: f"{_PKG}.sample_step:sample_step_reference",
+        ROW_NOISE: "voicehub.runtime.row_rng:row_noise",
         DIT_MODULATED_NORM: f"{_PKG}.dit_block:modulated_norm_reference",
         DIT_RESIDUAL_NORM: f"{_PKG}.dit_block:residual_norm_reference",
         DIT_GATED_RESIDUAL: f"{_PKG}.dit_block:gated_residual_reference",

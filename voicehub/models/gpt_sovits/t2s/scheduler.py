@@ -49,7 +49,7 @@ from voicehub.models.gpt_sovits.t2s.static import (
 )
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket
-from voicehub.runtime.row_rng import exponential_noise, row_keys, split_seed, vocab_keys
+from voicehub.runtime.row_rng import row_noise, split_seed, vocab_keys
 from voicehub.runtime.sampling import TEMPERATURE_FLOOR, SamplingBuffers
 from voicehub.runtime.scheduler import RowUpdate
 
@@ -207,9 +207,7 @@ class T2SRowEngine(T2SStaticDecoder):
         """The captured unit: per-row noise from (seed, step), then `decode_step` over n_rows rows."""
         n_rows, n_slots = key
         state = self.state.narrow(n_rows)
-        noise = exponential_noise(
-            row_keys(self.seed_lo[:n_rows], self.seed_hi[:n_rows], state.step), self.vocab
-        )
+        noise = self._noise(self.seed_lo[:n_rows], self.seed_hi[:n_rows], state.step)
         decode_step(
             self.model,
             self.cache.narrow(n_rows),
@@ -221,6 +219,10 @@ class T2SRowEngine(T2SStaticDecoder):
             noise,
             kernels=self.kernels.for_rows(),  # the many-row stack, if the kernels have one
         )
+
+    def _noise(self, seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        """The rows' noise for this step: the ROW_NOISE op of the step kernels, else its torch definition."""
+        return (self.kernels.row_noise or row_noise)(seed_lo, seed_hi, step, self.vocab)
 
     @torch.inference_mode()
     def snapshot(self, rows: list[int]) -> RowSnapshot:
@@ -348,7 +350,7 @@ class T2SRowEngine(T2SStaticDecoder):
             stop_step=zeros(torch.long), forced=lo[:, 3].bool(), done=zeros(torch.bool),
             stop_eos=zeros(torch.bool), out=zeros(torch.long, st.out.shape[1]), rows=self._arange[:k],
         )  # fmt: skip
-        noise = exponential_noise(row_keys(lo[:, 5], lo[:, 6], packed.step), self.vocab)
+        noise = self._noise(lo[:, 5], lo[:, 6], packed.step)
         sample_step(self.model, packed, first, buf, None, False, noise)
         for f in fields(st):
             if f.name != "rows":

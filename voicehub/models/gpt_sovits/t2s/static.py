@@ -105,7 +105,9 @@ class StepKernels:
     sampler: SAMPLE_STEP `f(logits [B, V'], q [B, >= V'], buf, state, lengths | None, *, eos, n_blocked,
     max_steps) -> tokens [B]` (the sampling chain, the stop logic and the state updates of
     `sample_step`, plus the KV-length and position advance of `decode_step`, in one op; the noise q
-    is still drawn by torch, so the RNG stream is unchanged)."""
+    is still drawn by torch, so the RNG stream is unchanged);
+    row_noise: ROW_NOISE `f(seed_lo, seed_hi, step [B], vocab_keys [V]) -> noise [B, V]`, the per-row
+    counter noise an engine of many rows draws each step (`runtime/row_rng.py`; None: its torch ops)."""
 
     attention: Callable[..., torch.Tensor] | None = None
     add_layer_norm: Callable[..., torch.Tensor] | None = None
@@ -113,6 +115,7 @@ class StepKernels:
     embed_stack: Callable[..., torch.Tensor] | None = None
     layer_stack_rows: Callable[..., torch.Tensor] | None = None
     sampler: Callable[..., torch.Tensor] | None = None
+    row_noise: Callable[..., torch.Tensor] | None = None
 
     def for_rows(self) -> StepKernels:
         """The kernels of an engine of many batched rows (`T2SRowEngine`): layer_stack_rows, when set,

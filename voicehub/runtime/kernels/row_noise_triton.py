@@ -1,0 +1,59 @@
+"""ROW_NOISE (`runtime/row_rng.py:row_noise`) as one Triton kernel: a batched decode step's noise.
+
+The torch definition is ~110 elementwise kernels over [B] and [B, V] int64 tensors (lowbias32 in
+16-bit halves, then the uniform and its log in float64); inside a CUDA graph each costs its launch,
+about a sixth of a 64-row T2S step. Here one program per (row, block of the vocabulary) hashes the
+row's key and its block of entries with the same integer operations (so the hashes are equal bit for
+bit), then -log(u) in float64 as the definition computes it, rounded to float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_V = 256  # vocabulary entries per program
+
+
+@triton.jit
+def _mul32(x, c: tl.constexpr):
+    # (x * c) mod 2^32 for x in [0, 2^32) int64, c split in 16-bit halves (no int64 overflow), as torch's
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
+
+@triton.jit
+def _mix32(x):
+    # lowbias32 (row_rng.mix32) on int64 values
+    x = x & 0xFFFFFFFF
+    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
+    x = _mul32(x ^ (x >> 15), 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _row_noise_kernel(lo_ptr, hi_ptr, step_ptr, vocab_ptr, out_ptr, n_vocab, s_out, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid = cols < n_vocab
+    seed_lo = tl.load(lo_ptr + b).to(tl.int64)
+    seed_hi = tl.load(hi_ptr + b).to(tl.int64)
+    step = tl.load(step_ptr + b).to(tl.int64)
+    key = _mix32(_mix32(_mix32(seed_lo) ^ seed_hi) ^ ((step * 2 + 1) & 0xFFFFFFFF) ^ 0x9E3779B9)  # row_keys
+    vocab = tl.load(vocab_ptr + cols, mask=valid, other=0).to(tl.int64)
+    h = _mix32(_mix32(key ^ vocab) ^ key)  # exponential_noise
+    u = ((h >> 8).to(tl.float64) + 0.5) * (1.0 / 16777216)  # hash_noise: the top 24 bits, in (0, 1)
+    tl.store(out_ptr + b.to(tl.int64) * s_out + cols, (-tl.log(u)).to(tl.float32), mask=valid)
+
+
+def row_noise_triton(
+    seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor, vocab: torch.Tensor
+) -> torch.Tensor:
+    """ROW_NOISE: seed_lo, seed_hi, step [B] int64, vocab [V] int64 (`vocab_keys`) -> noise [B, V] float32."""
+    n_rows, n_vocab = seed_lo.shape[0], vocab.shape[0]
+    out = torch.empty(n_rows, n_vocab, device=vocab.device, dtype=torch.float32)
+    if n_rows and n_vocab:
+        _row_noise_kernel[(n_rows, triton.cdiv(n_vocab, BLOCK_V))](
+            seed_lo, seed_hi, step, vocab, out, n_vocab, out.stride(0), BLOCK=BLOCK_V
+        )
+    return out
