@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, meta, timed
 
+from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
@@ -73,15 +74,13 @@ def stream_request(config, i: int, n_tokens: int) -> T2SRequest:
 
 
 def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | None:
-    """None (the model's own modules), or what KernelBackendTransform(triton) sets: both layer stacks
-    (the row engine uses layer_stack_rows, `StepKernels.for_rows`) and the fused sampler."""
+    """None (the model's own modules), or what KernelBackendTransform(triton) sets (`t2s_step_kernels`:
+    both layer stacks, the row engine using layer_stack_rows, the fused sampler and the row noise);
+    rows_stack "gemv" drops the many-row stack (the row engine then steps with the one-row stack)."""
     if kernels == "native":
         return None
-    ops = (registry.T2S_LAYER_STACK, registry.T2S_LAYER_STACK_ROWS, registry.T2S_SAMPLE_STEP)
-    layers, rows, sampler = (registry.resolve(op, kernels, device) for op in ops)
-    return StepKernels(
-        layer_stack=layers, layer_stack_rows=rows if rows_stack == "mma" else None, sampler=sampler
-    )
+    step = t2s_step_kernels({op: registry.resolve(op, kernels, device) for op in T2S_STEP_OPS})
+    return step if rows_stack == "mma" else replace(step, layer_stack_rows=None)
 
 
 @contextmanager

@@ -39,6 +39,13 @@ DIT_OPS = (
     registry.DIT_MODULATED_NORM, registry.DIT_RESIDUAL_NORM, registry.DIT_GATED_RESIDUAL, registry.DIT_ROPE,
     registry.DIT_ATTENTION_BIAS,
 )  # fmt: skip
+# the T2S decoder's ops (`t2s_step_kernels`): triton routes them, torch leaves the decoder as it is
+T2S_STEP_OPS = (
+    registry.T2S_LAYER_STACK,
+    registry.T2S_LAYER_STACK_ROWS,
+    registry.T2S_SAMPLE_STEP,
+    registry.ROW_NOISE,
+)
 
 
 def dit_kernels(kernels: dict[str, Callable]) -> DiTKernels:
@@ -73,10 +80,7 @@ class KernelBackendTransform:
     def ops(self) -> tuple[str, ...]:
         """The registry ops this backend's transform routes."""
         if self.backend is KernelBackend.TRITON:
-            return (
-                registry.ANTI_ALIAS_SNAKE, registry.T2S_LAYER_STACK, registry.T2S_LAYER_STACK_ROWS,
-                registry.T2S_SAMPLE_STEP, registry.ROW_NOISE, *DIT_OPS,
-            )  # fmt: skip
+            return (registry.ANTI_ALIAS_SNAKE, *T2S_STEP_OPS, *DIT_OPS)
         return (registry.ANTI_ALIAS_SNAKE, *DIT_OPS)
 
     def validate(self) -> None:
@@ -101,13 +105,7 @@ class KernelBackendTransform:
             previous = pipe.vocoder.set_activation_kernel(kernels[registry.ANTI_ALIAS_SNAKE])
             undos.append(lambda: pipe.vocoder.set_activation_kernel(previous))
             if registry.T2S_LAYER_STACK in kernels and pipe.t2s_decoder is not None:
-                step = StepKernels(
-                    layer_stack=kernels[registry.T2S_LAYER_STACK],
-                    layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
-                    sampler=kernels[registry.T2S_SAMPLE_STEP],
-                    row_noise=kernels[registry.ROW_NOISE],
-                )
-                previous_step = pipe.set_t2s_step_kernels(step)
+                previous_step = pipe.set_t2s_step_kernels(t2s_step_kernels(kernels))
                 undos.append(lambda: pipe.set_t2s_step_kernels(previous_step))
             dit = pipe.sovits.cfm.estimator
             previous_dit = dit.set_kernels(dit_kernels(kernels))
@@ -116,6 +114,16 @@ class KernelBackendTransform:
             undo()
             raise
         return undo
+
+
+def t2s_step_kernels(kernels: dict[str, Callable]) -> StepKernels:
+    """The T2S decoder's StepKernels from a backend's resolved ops (T2S_STEP_OPS, keyed by op name)."""
+    return StepKernels(
+        layer_stack=kernels[registry.T2S_LAYER_STACK],
+        layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
+        sampler=kernels[registry.T2S_SAMPLE_STEP],
+        row_noise=kernels[registry.ROW_NOISE],
+    )
 
 
 def gpt_sovits_transforms(model: GptSovitsModel) -> list:
