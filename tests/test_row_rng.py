@@ -43,13 +43,15 @@ def test_a_rows_noise_does_not_depend_on_its_batch():
 
 
 def noise_inputs(n_rows: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """Seeds over all 64 bits (the extremes included) and steps from 0 to past the decode limit."""
+    """(seed_lo, seed_hi, step): seeds over all 64 bits (the extremes included), steps from 0 to 2000."""
     g = torch.Generator().manual_seed(n_rows)
-    lo, hi = (torch.randint(0, MASK32 + 1, (n_rows,), generator=g) for _ in range(2))
-    step = torch.randint(0, 2000, (n_rows,), generator=g)
-    lo[0], hi[0], step[0] = 0, MASK32, 0
-    lo[-1], hi[-1] = MASK32, 0
-    return tuple(t.to(device) for t in (lo, hi, step))
+    # columns of one [B, 7] tensor, as the engine's prefill passes them (strided)
+    packed = torch.randint(0, MASK32 + 1, (n_rows, 7), generator=g)
+    packed[:, 2] = torch.randint(0, 2000, (n_rows,), generator=g)  # the steps, to past the decode limit
+    packed[0, 2], packed[0, 5], packed[0, 6] = 0, 0, MASK32
+    packed[-1, 5], packed[-1, 6] = MASK32, 0
+    packed = packed.to(device)
+    return packed[:, 5], packed[:, 6], packed[:, 2]
 
 
 @pytest.mark.parametrize(("n_rows", "n_vocab"), [(1, 1025), (3, 7), (5, 300)])

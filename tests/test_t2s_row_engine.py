@@ -3,6 +3,8 @@ built on the host. Each fast path is held equal to the one-row-at-a-time path it
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
 from voicehub.models.gpt_sovits.t2s.prefill import PaddedPrefill
 from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest
+from voicehub.models.gpt_sovits.t2s.static import NATIVE_KERNELS, StaticDecodeConfig, StepKernels, T2SRequest
+from voicehub.runtime.kernels import registry
 from voicehub.runtime.kv_cache import StaticKVCache
 from voicehub.runtime.scheduler import ContinuousScheduler
 
@@ -52,16 +55,29 @@ def _row_state(engine: T2SRowEngine, row: int) -> list[torch.Tensor]:
     return [*state, st.out[row, :1].clone(), *sampling, *kv, *seeds, torch.tensor(n)]
 
 
+def _noise_kernels(noise: str) -> StepKernels:
+    if noise == "torch":
+        return NATIVE_KERNELS
+    if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
+        pytest.skip("the interpreted ROW_NOISE kernel runs on CPU-only machines with triton installed")
+    return StepKernels(row_noise=registry.resolve(registry.ROW_NOISE, "triton", "cpu"))
+
+
+@pytest.mark.parametrize("noise", ["torch", "triton"])
 @pytest.mark.parametrize("padded", [False, True], ids=["eager_prefill", "padded_prefill"])
-def test_batched_admission_writes_what_one_row_at_a_time_writes(tiny, padded):
+def test_batched_admission_writes_what_one_row_at_a_time_writes(tiny, padded, noise):
     """Five requests in two length buckets admitted in one call (padded: 2 prompts a prefill call, so
-    buckets split into calls and one call is padded) leave every row bitwise as admitting it alone."""
+    buckets split into calls and one call is padded) leave every row bitwise as admitting it alone;
+    with the ROW_NOISE op's torch definition and its Triton kernel (which reads the prefill's strided seeds)."""
     model, config = tiny
     reqs = _requests(config)
     rows = [4, 0, 2, 5, 1]  # not in request order, not contiguous
+    kernels = _noise_kernels(noise)
     together = T2SRowEngine(model, ENGINE, "off", padded_prefill=padded, prefill_rows=2)
+    together.set_step_kernels(kernels)
     together.admit_rows(rows, reqs)
     alone = T2SRowEngine(model, ENGINE, "off", padded_prefill=padded, prefill_rows=2)
+    alone.set_step_kernels(kernels)
     for row, req in zip(rows, reqs):
         alone.admit(row, req)
         want, got = _row_state(alone, row), _row_state(together, row)

@@ -32,15 +32,17 @@ def _mix32(x):
 
 
 @triton.jit
-def _row_noise_kernel(lo_ptr, hi_ptr, step_ptr, vocab_ptr, out_ptr, n_vocab, s_out, BLOCK: tl.constexpr):
+def _row_noise_kernel(
+    lo_ptr, hi_ptr, step_ptr, vocab_ptr, out_ptr, n_vocab, s_lo, s_hi, s_step, s_vocab, s_out, BLOCK: tl.constexpr
+):  # fmt: skip
     b = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     valid = cols < n_vocab
-    seed_lo = tl.load(lo_ptr + b).to(tl.int64)
-    seed_hi = tl.load(hi_ptr + b).to(tl.int64)
-    step = tl.load(step_ptr + b).to(tl.int64)
+    seed_lo = tl.load(lo_ptr + b * s_lo).to(tl.int64)  # strided: the prefill passes columns of one tensor
+    seed_hi = tl.load(hi_ptr + b * s_hi).to(tl.int64)
+    step = tl.load(step_ptr + b * s_step).to(tl.int64)
     key = _mix32(_mix32(_mix32(seed_lo) ^ seed_hi) ^ ((step * 2 + 1) & 0xFFFFFFFF) ^ 0x9E3779B9)  # row_keys
-    vocab = tl.load(vocab_ptr + cols, mask=valid, other=0).to(tl.int64)
+    vocab = tl.load(vocab_ptr + cols * s_vocab, mask=valid, other=0).to(tl.int64)
     h = _mix32(_mix32(key ^ vocab) ^ key)  # exponential_noise
     u = ((h >> 8).to(tl.float64) + 0.5) * (1.0 / 16777216)  # hash_noise: the top 24 bits, in (0, 1)
     tl.store(out_ptr + b.to(tl.int64) * s_out + cols, (-tl.log(u)).to(tl.float32), mask=valid)
@@ -49,11 +51,13 @@ def _row_noise_kernel(lo_ptr, hi_ptr, step_ptr, vocab_ptr, out_ptr, n_vocab, s_o
 def row_noise_triton(
     seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor, vocab: torch.Tensor
 ) -> torch.Tensor:
-    """ROW_NOISE: seed_lo, seed_hi, step [B] int64, vocab [V] int64 (`vocab_keys`) -> noise [B, V] float32."""
+    """ROW_NOISE: seed_lo, seed_hi, step [B] int64 (any stride), vocab [V] int64 (`vocab_keys`) -> noise
+    [B, V] float32."""
     n_rows, n_vocab = seed_lo.shape[0], vocab.shape[0]
     out = torch.empty(n_rows, n_vocab, device=vocab.device, dtype=torch.float32)
     if n_rows and n_vocab:
         _row_noise_kernel[(n_rows, triton.cdiv(n_vocab, BLOCK_V))](
-            seed_lo, seed_hi, step, vocab, out, n_vocab, out.stride(0), BLOCK=BLOCK_V
-        )
+            seed_lo, seed_hi, step, vocab, out, n_vocab, seed_lo.stride(0), seed_hi.stride(0), step.stride(0),
+            vocab.stride(0), out.stride(0), BLOCK=BLOCK_V,
+        )  # fmt: skip
     return out
