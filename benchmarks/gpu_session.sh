@@ -96,12 +96,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
         --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-240}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
-    # session 12: the many-row stack at 64 rows as one chain, PDL on/off, and in row groups on parallel streams;
-    # then ncu's time of every kernel of one eager step at 1 and 64 rows (raw CSV in $OUT/t2s_rows_ncu.csv)
+    # session 12: the many-row stack at 64 rows as one chain, PDL on/off, attn_out on/off (PROBE_GROUPS=2,4: row
+    # groups on parallel streams); PROBE_NCU=1: then ncu's time of every kernel of one eager step at 1 and 64 rows
     rowsprobe) step t2s-rows-probe "${PROBE_LIMIT:-300}" python3 benchmarks/t2s_rows_probe.py \
-        --out "$OUT/t2s_rows_probe_h200.json"
-      (cd benchmarks && timeout 200 ncu --clock-control none --profile-from-start off --csv \
-        --metrics gpu__time_duration.sum python3 t2s_rows_probe.py --ncu > "$OUT/t2s_rows_ncu.csv" 2>> "$LOG") ;;
+        --groups "${PROBE_GROUPS:-}" --out "$OUT/t2s_rows_probe_h200${PROBE_SUFFIX:-}.json"
+      [ -n "${PROBE_NCU:-}" ] && (cd benchmarks && timeout 200 ncu --clock-control none --profile-from-start off \
+        --csv --metrics gpu__time_duration.sum python3 t2s_rows_probe.py --ncu > "$OUT/t2s_rows_ncu.csv" 2>> "$LOG") ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 3 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA

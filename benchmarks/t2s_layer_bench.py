@@ -210,7 +210,7 @@ def mma_stage_prefixes(mk, x, w, k, v, lengths, n_slots, cfg) -> dict[str, Calla
         for i, layer in enumerate(w.layers):
             mk.qkv_stage(s, x_in, prev, layer, k[i], v[i], lengths, w.eps, cfg)
             if n_kernels > 1:
-                mk.attention_stage(s, k[i], v[i], lengths, n_slots, cfg)
+                mk.attention_stage(s, layer, k[i], v[i], lengths, n_slots, w.eps, cfg)
             if n_kernels > 2:
                 mk.out_proj_stage(s, layer, w.eps, cfg)
             if n_kernels > 3:

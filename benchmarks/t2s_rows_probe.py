@@ -3,7 +3,8 @@
 The many-row stack (`t2s_layer_mma_triton`) takes ~0.97 ms a step at one row and ~1.34 ms at 64
 (`t2s_batch_triton_h200.json`, replay only): most of a 64-row step is the chain of ~120 small
 kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 480 / 730:
-- `chain`: one call over all rows (what the engine runs), PDL off (the table's) and on;
+- `chain`: one call over all rows (what the engine runs), PDL off (the table's) and on, and with
+  `attn_out` toggled (the out-projection and LN1 inside the attention kernel, or its own kernel);
 - `groups=G`: the rows in G groups of 64/G, each group's whole stack on its own CUDA stream (forked
   and joined inside one graph), so one group's kernels fill the gaps of another's; its logits are
   compared bit for bit with `chain`'s (the kernels are batch-invariant: they must be equal);
@@ -37,7 +38,7 @@ def run_stack(s, x, w, k, v, lengths, n_slots, cfg, logits) -> None:
     x_in, prev = x, None
     for i, layer in enumerate(w.layers):
         mk.qkv_stage(s, x_in, prev, layer, k[i], v[i], lengths, w.eps, cfg)
-        mk.attention_stage(s, k[i], v[i], lengths, n_slots, cfg)
+        mk.attention_stage(s, layer, k[i], v[i], lengths, n_slots, w.eps, cfg)
         mk.out_proj_stage(s, layer, w.eps, cfg)
         mk.ffn1_stage(s, layer, w.eps, cfg)
         mk.ffn2_stage(s, layer, w.eps, cfg)
@@ -84,22 +85,31 @@ def probe(args) -> dict:
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
     base = mk.config_for(dim, ffn_dim, n_head, vocab)
     pdl = dataclasses.replace(base, pdl=not base.pdl)
+    # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
+    out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
     rows_out = []
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = min(next(b for b in (256, 384, 512, 768, 1024) if b > length), args.max_slots)
         inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
         k0, v0 = inputs[2].clone(), inputs[3].clone()  # every variant writes the same k, v at `length`
         want = grouped(inputs, n_slots, base, 1)().clone()
-        variants = [("chain", base, 1), (f"chain pdl={pdl.pdl}", pdl, 1)]
-        variants += [(f"groups={g}", base, g) for g in (int(n) for n in args.groups.split(","))]
-        variants += [(f"groups={g} pdl={pdl.pdl}", pdl, g) for g in (int(n) for n in args.groups.split(","))]
+        groups = [int(n) for n in args.groups.split(",") if n]
+        variants = [
+            ("chain", base, 1),
+            (f"chain attn_out={out.attn_out}", out, 1),
+            (f"chain pdl={pdl.pdl}", pdl, 1),
+        ]
+        variants += [(f"groups={g}", base, g) for g in groups] + [
+            (f"groups={g} pdl={pdl.pdl}", pdl, g) for g in groups
+        ]
         for name, cfg, n_groups in variants:
             inputs[2].copy_(k0)
             inputs[3].copy_(v0)
             fn = grouped(inputs, n_slots, cfg, n_groups)
             got = fn().clone()
-            row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name,
-                   "groups": n_groups, "pdl": cfg.pdl, "equal_to_chain": bool(torch.equal(got, want))}  # fmt: skip
+            row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
+                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "equal_to_chain": bool(torch.equal(got, want)),
+                   "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
             print(json.dumps(row), flush=True)
             rows_out.append(row)
@@ -140,7 +150,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--lengths", default="480,730")
-    p.add_argument("--groups", default="2,4")
+    p.add_argument("--groups", default="", help="row groups on parallel streams, e.g. 2,4 (none by default)")
     p.add_argument("--max-slots", type=int, default=1024)
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--ncu", action="store_true")

@@ -70,21 +70,28 @@ def mk():
 # merged), 8 (128 slots: one program covers the whole 80-slot cache, no merge); split: SPLITS;
 # prenorm: the norms computed once per row block by out-proj / ffn2 (`t2s_layer_mma_prenorm_triton`);
 # fused: FUSED's key
-@pytest.mark.parametrize(("dtype", "tiles", "split", "prenorm", "fused"),
-                         [(torch.float32, 1, False, False, 0), (torch.float16, 1, False, False, 0),
-                          (torch.float32, 2, False, False, 0), (torch.float16, 8, False, False, 0),
-                          (torch.float32, 2, True, False, 0), (torch.float16, 8, True, False, 0),
-                          (torch.float16, 1, False, True, 0), (torch.float32, 2, True, True, 0),
-                          (torch.float32, 2, True, False, 4), (torch.float16, 8, False, False, 8),
-                          (torch.float32, 8, False, False, 1), (torch.float16, 2, True, True, 4)])  # fmt: skip
-def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split, prenorm, fused):
+@pytest.mark.parametrize(("dtype", "tiles", "split", "prenorm", "fused", "attn_out"),
+                         [(torch.float32, 1, False, False, 0, False), (torch.float16, 1, False, False, 0, False),
+                          (torch.float32, 2, False, False, 0, False), (torch.float16, 8, False, False, 0, False),
+                          (torch.float32, 2, True, False, 0, False), (torch.float16, 8, True, False, 0, False),
+                          (torch.float16, 1, False, True, 0, False), (torch.float32, 2, True, True, 0, False),
+                          (torch.float32, 2, True, False, 4, False), (torch.float16, 8, False, False, 8, False),
+                          (torch.float32, 8, False, False, 1, False), (torch.float16, 2, True, True, 4, False),
+                          (torch.float32, 1, True, True, 0, True), (torch.float16, 8, False, True, 0, True),
+                          (torch.float32, 2, True, True, 4, True)])  # fmt: skip
+def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split, prenorm, fused, attn_out):
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
     k_want, v_want = as_float(k), as_float(v)
     want = ref.decode_stack_reference(
         x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
     )
     cfg = mk.MmaConfig(
-        **BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}), **FUSED[fused]
+        **BLOCKS,
+        attn_tiles=tiles,
+        prenorm=prenorm,
+        **(SPLITS if split else {}),
+        **FUSED[fused],
+        attn_out=attn_out,
     )
     got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=cfg)
     tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
@@ -93,14 +100,20 @@ def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split,
     assert not got.isnan().any()
 
 
-@pytest.mark.parametrize(("tiles", "split", "prenorm", "fused"),
-                         [(1, False, False, 0), (2, False, False, 0), (8, False, False, 0), (2, True, False, 0),
-                          (1, False, True, 0), (2, True, True, 0), (2, True, False, 4), (8, False, True, 8)])  # fmt: skip
-def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split, prenorm, fused):
+@pytest.mark.parametrize(("tiles", "split", "prenorm", "fused", "attn_out"),
+                         [(1, False, False, 0, False), (2, False, False, 0, False), (8, False, False, 0, False), (2, True, False, 0, False),
+                          (1, False, True, 0, False), (2, True, True, 0, False), (2, True, False, 4, False), (8, False, True, 8, False),
+                          (1, False, True, 0, True), (8, True, True, 0, True)])  # fmt: skip
+def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split, prenorm, fused, attn_out):
     # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
     # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
     cfg = mk.MmaConfig(
-        **BLOCKS, attn_tiles=tiles, prenorm=prenorm, **(SPLITS if split else {}), **FUSED[fused]
+        **BLOCKS,
+        attn_tiles=tiles,
+        prenorm=prenorm,
+        **(SPLITS if split else {}),
+        **FUSED[fused],
+        attn_out=attn_out,
     )
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
     five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
@@ -233,6 +246,8 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(block_m=8)
     with pytest.raises(ValueError, match="power of two"):
         mk.MmaConfig(ffn2_splits=3)
+    with pytest.raises(ValueError, match="needs prenorm"):
+        mk.MmaConfig(attn_out=True)
     with pytest.raises(ValueError, match="power of two"):
         mk.MmaConfig(ffn_slices=3)
     with pytest.raises(ValueError, match="smallest tile"):
@@ -318,15 +333,16 @@ FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 # norms once per row block (out-proj / ffn2), whole K and split; fused: the FFN in one kernel, that many
 # slices (ffn_chunk 32 for fp16, 16 for fp32: its two weight chunks a pipeline stage in shared memory)
 @pytest.mark.parametrize(
-    ("dtype", "attn_tiles", "split", "prenorm", "fused"),
-    [(torch.float16, None, False, False, 0), (torch.float32, None, False, False, 0),
-     (torch.float16, 8, False, False, 0), (torch.float16, 8, True, False, 0), (torch.float32, 8, True, False, 0),
-     (torch.float16, 8, False, True, 0), (torch.float16, 8, True, True, 0), (torch.float32, 8, True, True, 0),
-     (torch.float16, 8, True, False, 8), (torch.float16, 8, False, True, 4), (torch.float16, 8, False, False, 1),
-     (torch.float32, 8, True, False, 16)],
+    ("dtype", "attn_tiles", "split", "prenorm", "fused", "attn_out"),
+    [(torch.float16, None, False, False, 0, False), (torch.float32, None, False, False, 0, False),
+     (torch.float16, 8, False, False, 0, False), (torch.float16, 8, True, False, 0, False), (torch.float32, 8, True, False, 0, False),
+     (torch.float16, 8, False, True, 0, False), (torch.float16, 8, True, True, 0, False), (torch.float32, 8, True, True, 0, False),
+     (torch.float16, 8, True, False, 8, False), (torch.float16, 8, False, True, 4, False), (torch.float16, 8, False, False, 1, False),
+     (torch.float32, 8, True, False, 16, False),
+     (torch.float16, 8, True, True, 0, True), (torch.float32, 1, False, True, 0, True), (torch.float16, 8, False, True, 4, True)],
 )  # fmt: skip
 def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant(
-    dtype, attn_tiles, split, prenorm, fused
+    dtype, attn_tiles, split, prenorm, fused, attn_out
 ):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -339,7 +355,7 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
             splits.update(ffn_slices=fused, ffn_chunk=32 if dtype == torch.float16 else 16)
         stack = functools.partial(mk.decode_stack_mma, config=mk.MmaConfig(block_k=128, attn_block=128,
                                                                            attn_tiles=attn_tiles, prenorm=prenorm,
-                                                                           **splits))  # fmt: skip
+                                                                           attn_out=attn_out, **splits))  # fmt: skip
     lengths = torch.tensor([730, 0, 1023, 300, 17, 511, 64, 65, 1, 900, 5, 640, 128, 129, 33, 700, 450, 2, 999, 256],
                            device="cuda")  # fmt: skip
     n_rows = lengths.numel()  # two row blocks of 16

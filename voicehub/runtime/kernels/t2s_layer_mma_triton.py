@@ -52,13 +52,16 @@ from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     split_scratch,
 )
 from voicehub.runtime.kernels.t2s_layer_triton import (
+    _FIXED,
     _await_previous,
     _launch,
     _merge_blocks,
+    _post_norm,
     attention_scratch,
 )
 
 MIN_DOT = 16  # tl.dot's smallest tile side
+ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (MmaConfig.attn_out)
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,16 @@ class MmaConfig:
     # a row block summed in slice order by the last to finish
     ffn_slices: int = 0
     ffn_chunk: int = 32
+    # the out-projection inside the attention kernel (needs prenorm): each (row, head) program adds its
+    # head's share of the row's out-projection as 32.32 fixed point (int64 atomics: exact, so the heads'
+    # order does not matter), the row's last head to finish stores LN1 to x_ffn; no out-proj kernel
+    attn_out: bool = False
 
     def __post_init__(self) -> None:
+        if self.attn_out and not self.prenorm:
+            raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
         for name, value in vars(self).items():
-            if name in ("pdl", "gemm_stages", "prenorm") or (name == "ffn_slices" and value == 0):
+            if name in ("pdl", "gemm_stages", "prenorm", "attn_out") or (name == "ffn_slices" and value == 0):
                 continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
@@ -125,6 +134,7 @@ CONFIGS = {
         ffn1_splits=2,
         ffn2_splits=4,
         prenorm=True,
+        attn_out=True,
     )  # fmt: skip
 }
 
@@ -282,10 +292,14 @@ def _attend_tiles(
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
+    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, eps,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
-    TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
+    TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_O: tl.constexpr,
 ):  # fmt: skip
+    # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
+    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
     _await_previous(PDL)  # no weights here to read first
     split = tl.program_id(0)
     h = tl.program_id(1)
@@ -297,7 +311,12 @@ def _attention_kernel(
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty
     if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
-        tl.store(out, (acc / denom).to(dtype), mask=dims < HEAD_DIM)
+        a = (acc / denom).to(dtype)
+        if OUT:
+            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, b, h, dim,
+                           eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+        else:
+            tl.store(out, a, mask=dims < HEAD_DIM)
     else:
         # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
         base = (b * N_HEAD + h) * SPLITS
@@ -306,8 +325,43 @@ def _attention_kernel(
         tl.store(l_ptr + base + split, denom)
         tl.debug_barrier()  # every thread's partial is written before the counter says so
         if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
-            tl.store(out, a.to(dtype), mask=dims < HEAD_DIM)
+            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
+            if OUT:
+                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, b, h,
+                               dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+            else:
+                tl.store(out, a, mask=dims < HEAD_DIM)
+
+
+@triton.jit
+def _head_out_proj(
+    a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, b, h, dim, eps,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
+):  # fmt: skip
+    # Head h's output a [DH] (the model dtype, as torch stores attn) times W_o[:, h's columns]^T, added to
+    # row b's accumulator acc [B, D] int64 as 32.32 fixed point, BLOCK_O outputs at a time; then the row's
+    # last head to arrive (an int32 counter per row) stores x_ffn[b] = LN1(x_attn[b] + rnd(out + b_o)) and
+    # leaves the accumulator and the counter at 0 for the next layer.
+    dims = tl.arange(0, DH)
+    dmask = dims < HEAD_DIM
+    af = a.to(tl.float32)
+    for o0 in tl.static_range(0, BLOCK_D, BLOCK_O):
+        outs = o0 + tl.arange(0, BLOCK_O)
+        omask = outs < dim
+        wo = tl.load(wo_ptr + outs[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=omask[:, None] & dmask[None, :],
+                     other=0.0)  # fmt: skip
+        part = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
+        tl.atomic_add(acc_ptr + b * dim + outs, (part * _FIXED).to(tl.int64), mask=omask, sem="relaxed")
+    tl.debug_barrier()  # every thread's share is added before the counter says so
+    if tl.atomic_add(rcount_ptr + b, 1, sem="acq_rel") == N_HEAD - 1:
+        cols = tl.arange(0, BLOCK_D)
+        cmask = cols < dim
+        x1 = _post_norm(
+            xa_ptr, acc_ptr, bo_ptr, n1w_ptr, n1b_ptr, b, cols, cmask, dim, eps, xf_ptr.dtype.element_ty
+        )
+        tl.store(xf_ptr + b * dim + cols, x1.to(xf_ptr.dtype.element_ty), mask=cmask)
+        tl.store(acc_ptr + b * dim + cols, tl.zeros([BLOCK_D], tl.int64), mask=cmask)
+        tl.store(rcount_ptr + b, 0)
 
 
 @triton.jit
@@ -421,7 +475,9 @@ class Scratch:
     partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32); the split GEMMs' partials
     gemm_part (fp32; also the fused FFN's slice partials) and their per-tile counters gemm_count (int32,
     zero between kernels); with
-    prenorm, row_count: int32 per row block (zero between kernels), the out-proj / ffn2 normalisers'."""
+    prenorm, row_count: int32 per row block (zero between kernels), the out-proj / ffn2 normalisers'; with
+    attn_out, acc_attn [B, D] int64 (the out-projection in fixed point) and out_count [B] int32, zero between
+    kernels (one-element placeholders without it)."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -438,6 +494,8 @@ class Scratch:
     gemm_part: torch.Tensor
     gemm_count: torch.Tensor
     row_count: torch.Tensor
+    acc_attn: torch.Tensor
+    out_count: torch.Tensor
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
@@ -452,9 +510,12 @@ class Scratch:
             gemms.append(fused_scratch_gemm(dim, cfg.ffn_slices))
         else:
             gemms += [(ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]
+        acc_shape, count_shape = ((n_rows, dim), (n_rows,)) if cfg.attn_out else ((1,), (1,))
         return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)),
                    *split_scratch(n_rows, cfg.block_m, gemms, dev),
-                   row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev))  # fmt: skip
+                   row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
+                   torch.zeros(acc_shape, device=dev, dtype=torch.int64),
+                   torch.zeros(count_shape, device=dev, dtype=torch.int32))  # fmt: skip
 
 
 def _attn_span(cfg: MmaConfig) -> int:
@@ -489,18 +550,23 @@ def qkv_stage(
 
 
 def attention_stage(
-    s: Scratch, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor, n_slots: int,
-    cfg: MmaConfig,
+    s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
+    n_slots: int, eps: float, cfg: MmaConfig,
 ) -> None:  # fmt: skip
-    """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype)."""
+    """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype); with
+    cfg.attn_out, instead LN1(s.x_attn + s.attn @ W_o^T + b_o) -> s.x_ffn (what out_proj_stage stores)."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, _attn_span(cfg))
+    block_d = triton.next_power_of_2(dim)
     _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
+        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.acc_attn,
+        s.out_count, eps,
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
-        SPLITS=s.splits, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+        SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
+        num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 
@@ -523,7 +589,10 @@ def linear_stage(
 
 
 def out_proj_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
-    """s.attn @ W_o^T -> s.out_attn (fp32, bias-free); cfg.prenorm: LN1(s.x_attn + that + b_o) -> s.x_ffn."""
+    """s.attn @ W_o^T -> s.out_attn (fp32, bias-free); cfg.prenorm: LN1(s.x_attn + that + b_o) -> s.x_ffn.
+    cfg.attn_out: nothing (the attention kernel stored LN1)."""
+    if cfg.attn_out:
+        return
     norm = (s.x_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_ffn) if cfg.prenorm else None
     linear_stage(s, s.attn, layer.out_weight, s.out_attn, cfg.out_splits, cfg, norm, eps)
 
@@ -589,7 +658,7 @@ def decode_stack_mma(
     x_in, prev = x, None
     for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
-        attention_stage(s, k_cache[i], v_cache[i], lengths, n_slots, cfg)
+        attention_stage(s, layer, k_cache[i], v_cache[i], lengths, n_slots, weights.eps, cfg)
         out_proj_stage(s, layer, weights.eps, cfg)
         ffn1_stage(s, layer, weights.eps, cfg)
         ffn2_stage(s, layer, weights.eps, cfg)
