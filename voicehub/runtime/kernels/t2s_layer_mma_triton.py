@@ -52,11 +52,10 @@ from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     split_scratch,
 )
 from voicehub.runtime.kernels.t2s_layer_triton import (
-    _FIXED,
     _await_previous,
     _launch,
     _merge_blocks,
-    _post_norm,
+    _post_norm_of,
     attention_scratch,
 )
 
@@ -97,9 +96,9 @@ class MmaConfig:
     # a row block summed in slice order by the last to finish
     ffn_slices: int = 0
     ffn_chunk: int = 32
-    # the out-projection inside the attention kernel (needs prenorm): each (row, head) program adds its
-    # head's share of the row's out-projection as 32.32 fixed point (int64 atomics: exact, so the heads'
-    # order does not matter), the row's last head to finish stores LN1 to x_ffn; no out-proj kernel
+    # the out-projection inside the attention kernel (needs prenorm): each (row, head) program stores its
+    # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
+    # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
 
     def __post_init__(self) -> None:
@@ -292,7 +291,7 @@ def _attend_tiles(
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
-    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, eps,
+    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -313,7 +312,7 @@ def _attention_kernel(
     if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
         a = (acc / denom).to(dtype)
         if OUT:
-            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, b, h, dim,
+            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
                            eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
         else:
             tl.store(out, a, mask=dims < HEAD_DIM)
@@ -327,7 +326,7 @@ def _attention_kernel(
         if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
             a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
             if OUT:
-                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, b, h,
+                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
                                dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
             else:
                 tl.store(out, a, mask=dims < HEAD_DIM)
@@ -335,13 +334,13 @@ def _attention_kernel(
 
 @triton.jit
 def _head_out_proj(
-    a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, acc_ptr, rcount_ptr, b, h, dim, eps,
+    a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim, eps,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
 ):  # fmt: skip
-    # Head h's output a [DH] (the model dtype, as torch stores attn) times W_o[:, h's columns]^T, added to
-    # row b's accumulator acc [B, D] int64 as 32.32 fixed point, BLOCK_O outputs at a time; then the row's
-    # last head to arrive (an int32 counter per row) stores x_ffn[b] = LN1(x_attn[b] + rnd(out + b_o)) and
-    # leaves the accumulator and the counter at 0 for the next layer.
+    # Head h's output a [DH] (the model dtype, as torch stores attn) times W_o[:, h's columns]^T, BLOCK_O
+    # outputs at a time, stored as the head's share opart[b, h] [D] fp32; then the row's last head to arrive
+    # (an int32 counter per row, left at 0 for the next layer) sums the shares in head order and stores
+    # x_ffn[b] = LN1(x_attn[b] + rnd(out + b_o)).
     dims = tl.arange(0, DH)
     dmask = dims < HEAD_DIM
     af = a.to(tl.float32)
@@ -350,17 +349,18 @@ def _head_out_proj(
         omask = outs < dim
         wo = tl.load(wo_ptr + outs[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=omask[:, None] & dmask[None, :],
                      other=0.0)  # fmt: skip
-        part = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
-        tl.atomic_add(acc_ptr + b * dim + outs, (part * _FIXED).to(tl.int64), mask=omask, sem="relaxed")
-    tl.debug_barrier()  # every thread's share is added before the counter says so
+        share = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
+        tl.store(opart_ptr + (b * N_HEAD + h) * dim + outs, share, mask=omask)
+    tl.debug_barrier()  # every thread's share is stored before the counter says so
     if tl.atomic_add(rcount_ptr + b, 1, sem="acq_rel") == N_HEAD - 1:
         cols = tl.arange(0, BLOCK_D)
         cmask = cols < dim
-        x1 = _post_norm(
-            xa_ptr, acc_ptr, bo_ptr, n1w_ptr, n1b_ptr, b, cols, cmask, dim, eps, xf_ptr.dtype.element_ty
-        )
-        tl.store(xf_ptr + b * dim + cols, x1.to(xf_ptr.dtype.element_ty), mask=cmask)
-        tl.store(acc_ptr + b * dim + cols, tl.zeros([BLOCK_D], tl.int64), mask=cmask)
+        out = tl.zeros([BLOCK_D], tl.float32)
+        for hh in tl.static_range(N_HEAD):
+            out += tl.load(opart_ptr + (b * N_HEAD + hh) * dim + cols, mask=cmask, other=0.0, volatile=True)
+        dtype = xf_ptr.dtype.element_ty
+        x1 = _post_norm_of(out, xa_ptr, bo_ptr, n1w_ptr, n1b_ptr, b, cols, cmask, dim, eps, dtype)
+        tl.store(xf_ptr + b * dim + cols, x1.to(dtype), mask=cmask)
         tl.store(rcount_ptr + b, 0)
 
 
@@ -476,8 +476,8 @@ class Scratch:
     gemm_part (fp32; also the fused FFN's slice partials) and their per-tile counters gemm_count (int32,
     zero between kernels); with
     prenorm, row_count: int32 per row block (zero between kernels), the out-proj / ffn2 normalisers'; with
-    attn_out, acc_attn [B, D] int64 (the out-projection in fixed point) and out_count [B] int32, zero between
-    kernels (one-element placeholders without it)."""
+    attn_out, out_part [B, H, D] fp32 (each head's share of the out-projection) and out_count [B] int32,
+    zero between kernels (one-element placeholders without it)."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -494,7 +494,7 @@ class Scratch:
     gemm_part: torch.Tensor
     gemm_count: torch.Tensor
     row_count: torch.Tensor
-    acc_attn: torch.Tensor
+    out_part: torch.Tensor
     out_count: torch.Tensor
 
     @classmethod
@@ -510,11 +510,11 @@ class Scratch:
             gemms.append(fused_scratch_gemm(dim, cfg.ffn_slices))
         else:
             gemms += [(ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]
-        acc_shape, count_shape = ((n_rows, dim), (n_rows,)) if cfg.attn_out else ((1,), (1,))
+        part_shape, count_shape = ((n_rows, weights.n_head, dim), (n_rows,)) if cfg.attn_out else ((1,), (1,))
         return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)),
                    *split_scratch(n_rows, cfg.block_m, gemms, dev),
                    row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
-                   torch.zeros(acc_shape, device=dev, dtype=torch.int64),
+                   torch.empty(part_shape, device=dev, dtype=torch.float32),
                    torch.zeros(count_shape, device=dev, dtype=torch.int32))  # fmt: skip
 
 
@@ -561,7 +561,7 @@ def attention_stage(
     block_d = triton.next_power_of_2(dim)
     _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
-        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.acc_attn,
+        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.out_part,
         s.out_count, eps,
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,

@@ -99,6 +99,12 @@ def _await_previous(PDL: tl.constexpr):
 def _post_norm(res_ptr, acc_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype: tl.constexpr):
     # LN(residual + rnd(from_fixed(acc) + bias)) of one row: [BLOCK_D] float32, 0 where ~mask
     branch = tl.load(acc_ptr + row * dim + cols, mask=mask, other=0).to(tl.float32) * _UNFIXED
+    return _post_norm_of(branch, res_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype)
+
+
+@triton.jit
+def _post_norm_of(branch, res_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype: tl.constexpr):
+    # LN(residual + rnd(branch + bias)) of one row, branch [BLOCK_D] float32 (0 where ~mask)
     # `.to(dtype).to(tl.float32)`: rounded to the model's dtype where the unfused ops store a tensor
     branch = (branch + tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
     s = (tl.load(res_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32) + branch).to(dtype)
