@@ -120,7 +120,8 @@ class MmaConfig:
 # attention programs walk 8 tiles of 128 slots (a whole 1,024-slot bucket in one program: no partials,
 # no merge); QKV, FFN1 and FFN2 split K in 2, 2 and 4 fixed parts; each layer's norm once a row
 # (prenorm); PDL off (slower for this stack on the H200). The fused FFN (ffn_slices 4-32) was slower:
-# 1,753-2,275 us at 64 rows.
+# 1,753-2,275 us at 64 rows. attn_out (session 12, t2s_rows_probe_h200.json): 64 rows 1,149 -> 1,125 us at
+# KV length 480; closed loop 1-64 streams +1.5-8%, 128 streams -6.5% (t2s_batch_triton_h200*.json).
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
