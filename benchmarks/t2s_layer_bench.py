@@ -488,7 +488,7 @@ def print_ranking(timed: dict, base, max_rel_l2: float, top: int = 10) -> None:
 
 
 def configs_line(mk, cfg, size: tuple) -> str:
-    """The CONFIGS entry of t2s_layer_mma_triton.py that applies cfg (fields left at their defaults omitted)."""
+    """The CONFIGS entry of t2s_layer_mma_config.py that applies cfg (fields left at their defaults omitted)."""
     changed = ", ".join(
         f"{k}={v!r}" for k, v in dataclasses.asdict(cfg).items() if getattr(mk.MmaConfig(), k) != v
     )

@@ -6,11 +6,10 @@ re-reads every weight tile per row group. Here each GEMM program multiplies BLOC
   qkv        x [BLOCK_M, D] @ W_qkv^T + b; x is the input (layer 0) or the previous layer's LN2,
              recomputed by every program from x_ffn and the FFN's fp32 output (two passes: the rows'
              statistics, then the normalised K chunks); q to a buffer, k and v into the cache at slot lengths[b];
-  attention  one program per (row, head, block of attn_tiles tiles of attn_block slots), online
-             softmax over the block's tiles below the row's length; the last of a (row, head) to finish
-             (an int32 counter per program, not per element) merges the blocks in a fixed order and
-             writes the head's 32 values, rounded to the model dtype (a block as large as the cache:
-             one program per (row, head), no partials and no merge);
+  attention  one program per (row, head, block of slots), online softmax below the row's length, the
+             blocks merged in a fixed order, the head's 32 values rounded to the model dtype
+             (`t2s_layer_mma_attention_triton`; with attn_out, the v3 table's choice, its programs also
+             do the out-projection and LN1, and the out-proj kernel is skipped: four kernels a layer);
   out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K, or
              with out_splits > 1 a fixed part of K, summed in split order by the last to finish);
   ffn1       LN1(x + out + b_o) @ W1^T + b1, relu, stored in the model dtype (as torch rounds it);
@@ -18,7 +17,7 @@ re-reads every weight tile per row group. Here each GEMM program multiplies BLOC
              with ffn_slices, ffn1 and ffn2 are one kernel (`t2s_ffn_fused_triton`): four a layer.
 No sum crosses programs but the attention merge, so nothing waits on float atomics and nothing is
 summed in an order that depends on the batch. A row's numbers do not depend on the other rows, the
-batch size or the KV bucket: every block size is fixed per model shape (`config_for`), rows past
+batch size or the KV bucket: every block size is fixed per model shape (`t2s_layer_mma_config`), rows past
 the batch are masked to zero, and a tile's output element depends only on its own row and column.
 Scratch buffers come per call (inside a CUDA graph, from the graph's pool); the attention counters
 are zeroed by the qkv kernel before the attention kernel counts. On Hopper and later the kernels use
@@ -28,7 +27,6 @@ programmatic dependent launch as `t2s_layer_triton` does: a GEMM reads its first
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +35,8 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
+from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
+from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     _keeps,
     _norm_rows_if_last,
@@ -51,99 +51,7 @@ from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     k_span,
     split_scratch,
 )
-from voicehub.runtime.kernels.t2s_layer_triton import (
-    _await_previous,
-    _launch,
-    _merge_blocks,
-    _post_norm_of,
-    attention_scratch,
-)
-
-MIN_DOT = 16  # tl.dot's smallest tile side
-ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (MmaConfig.attn_out)
-
-
-@dataclass(frozen=True)
-class MmaConfig:
-    """Rows per GEMM program (block_m), outputs per qkv / out-proj / ffn2 / head program (block_n),
-    the reduction chunk (block_k), hidden units per ffn1 program (ffn_block), KV slots per attention
-    tile (attn_block) and tiles per attention program (attn_tiles: a program covers attn_block *
-    attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
-    qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
-    the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field changes the order of float operations or the MMA instruction: fixed per model shape,
-    never chosen by the batch size or the bucket."""
-
-    block_m: int = 16
-    block_n: int = 32
-    block_k: int = 64
-    ffn_block: int = 64
-    attn_block: int = 64
-    attn_tiles: int = 1
-    gemm_warps: int = 4
-    attn_warps: int = 4
-    gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
-    pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
-    qkv_splits: int = 1
-    out_splits: int = 1
-    ffn1_splits: int = 1
-    ffn2_splits: int = 1
-    # out-proj / ffn2 normalise the rows once per row block for ffn1 / qkv / the head (plain GEMMs then):
-    # `t2s_layer_mma_prenorm_triton`
-    prenorm: bool = False
-    # 0: ffn1 and ffn2 as two kernels; n >= 1: one kernel (`t2s_ffn_fused_triton`), a program per (row block,
-    # slice of ffn_dim / n hidden units) walking its slice ffn_chunk units at a time, the n partials of
-    # a row block summed in slice order by the last to finish
-    ffn_slices: int = 0
-    ffn_chunk: int = 32
-    # the out-projection inside the attention kernel (needs prenorm): each (row, head) program stores its
-    # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
-    # head order and stores LN1 to x_ffn; no out-proj kernel
-    attn_out: bool = False
-
-    def __post_init__(self) -> None:
-        if self.attn_out and not self.prenorm:
-            raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
-        for name, value in vars(self).items():
-            if name in ("pdl", "gemm_stages", "prenorm", "attn_out") or (name == "ffn_slices" and value == 0):
-                continue
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
-        for name in ("block_m", "block_n", "block_k", "ffn_block", "ffn_chunk"):
-            if getattr(self, name) < MIN_DOT:
-                raise ValueError(f"MmaConfig.{name} must be >= {MIN_DOT} (tl.dot's smallest tile)")
-
-
-# (dim, ffn_dim, n_head, vocab) -> config. v3: tuned on the H200 by `t2s_layer_bench.py --mma-grid`
-# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,375 us a step in session 6; then
-# t2s_layer_mmagrid_ffn_h200.json: 1,379 -> 1,337 us, 128 rows 2,247 -> 2,018 us, 16 rows 973 -> 961 us). K chunks of 256;
-# attention programs walk 8 tiles of 128 slots (a whole 1,024-slot bucket in one program: no partials,
-# no merge); QKV, FFN1 and FFN2 split K in 2, 2 and 4 fixed parts; each layer's norm once a row
-# (prenorm); PDL off (slower for this stack on the H200). The fused FFN (ffn_slices 4-32) was slower:
-# 1,753-2,275 us at 64 rows. attn_out (session 12, t2s_rows_probe_h200.json): 64 rows 1,149 -> 1,125 us at
-# KV length 480; closed loop 1-64 streams +1.5-8%, 128 streams -6.5% (t2s_batch_triton_h200*.json).
-CONFIGS = {
-    (512, 2048, 16, 1025): MmaConfig(
-        block_k=256,
-        attn_block=128,
-        attn_tiles=8,
-        attn_warps=2,
-        gemm_stages=2,
-        pdl=False,
-        qkv_splits=2,
-        ffn1_splits=2,
-        ffn2_splits=4,
-        prenorm=True,
-        attn_out=True,
-    )  # fmt: skip
-}
-
-
-def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
-    """The table's entry, else the defaults with the reduction chunk no wider than the model."""
-    if (dim, ffn_dim, n_head, vocab) in CONFIGS:
-        return CONFIGS[dim, ffn_dim, n_head, vocab]
-    return MmaConfig(block_k=max(MIN_DOT, min(64, triton.next_power_of_2(dim))))
+from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch, attention_scratch
 
 
 @triton.jit
@@ -254,115 +162,6 @@ def _qkv_out(
     v_off = r64 * svb + (head * svh + d)[None, :] + slot[:, None] * svs
     tl.store(k_ptr + k_off, y, mask=ok & (part == 1)[None, :])
     tl.store(v_ptr + v_off, y, mask=ok & (part == 2)[None, :])
-
-
-@triton.jit
-def _attend_tiles(
-    q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
-    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-):  # fmt: skip
-    # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
-    # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
-    # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge).
-    dims = tl.arange(0, DH)
-    dmask = dims < HEAD_DIM
-    q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
-    b64 = b.to(tl.int64)
-    k_row = k_ptr + b64 * skb + h * skh
-    v_row = v_ptr + b64 * svb + h * svh
-    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
-    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
-    acc = tl.zeros([DH], tl.float32)
-    for t in range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)):
-        slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
-        live = slots < n
-        kv_mask = live[:, None] & dmask[None, :]
-        k = tl.load(k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
-        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
-        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-        p = tl.exp(s - m_new)
-        denom = denom * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        m = m_new
-    return m, denom, acc
-
-
-@triton.jit
-def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
-    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps,
-    n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
-    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
-    TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-):  # fmt: skip
-    # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
-    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
-    _await_previous(PDL)  # no weights here to read first
-    split = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
-    m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
-                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES)  # fmt: skip
-    dims = tl.arange(0, DH)
-    out = attn_ptr + b * dim + h * HEAD_DIM + dims
-    dtype = attn_ptr.dtype.element_ty
-    if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
-        a = (acc / denom).to(dtype)
-        if OUT:
-            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
-                           eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
-        else:
-            tl.store(out, a, mask=dims < HEAD_DIM)
-    else:
-        # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
-        base = (b * N_HEAD + h) * SPLITS
-        tl.store(part_ptr + (base + split) * DH + dims, acc)
-        tl.store(m_ptr + base + split, m)
-        tl.store(l_ptr + base + split, denom)
-        tl.debug_barrier()  # every thread's partial is written before the counter says so
-        if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
-            if OUT:
-                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
-                               dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
-            else:
-                tl.store(out, a, mask=dims < HEAD_DIM)
-
-
-@triton.jit
-def _head_out_proj(
-    a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim, eps,
-    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
-):  # fmt: skip
-    # Head h's output a [DH] (the model dtype, as torch stores attn) times W_o[:, h's columns]^T, BLOCK_O
-    # outputs at a time, stored as the head's share opart[b, h] [D] fp32; then the row's last head to arrive
-    # (an int32 counter per row, left at 0 for the next layer) sums the shares in head order and stores
-    # x_ffn[b] = LN1(x_attn[b] + rnd(out + b_o)).
-    dims = tl.arange(0, DH)
-    dmask = dims < HEAD_DIM
-    af = a.to(tl.float32)
-    for o0 in tl.static_range(0, BLOCK_D, BLOCK_O):
-        outs = o0 + tl.arange(0, BLOCK_O)
-        omask = outs < dim
-        wo = tl.load(wo_ptr + outs[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=omask[:, None] & dmask[None, :],
-                     other=0.0)  # fmt: skip
-        share = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
-        tl.store(opart_ptr + (b * N_HEAD + h) * dim + outs, share, mask=omask)
-    tl.debug_barrier()  # every thread's share is stored before the counter says so
-    if tl.atomic_add(rcount_ptr + b, 1, sem="acq_rel") == N_HEAD - 1:
-        cols = tl.arange(0, BLOCK_D)
-        cmask = cols < dim
-        out = tl.zeros([BLOCK_D], tl.float32)
-        for hh in tl.static_range(N_HEAD):
-            out += tl.load(opart_ptr + (b * N_HEAD + hh) * dim + cols, mask=cmask, other=0.0, volatile=True)
-        dtype = xf_ptr.dtype.element_ty
-        x1 = _post_norm_of(out, xa_ptr, bo_ptr, n1w_ptr, n1b_ptr, b, cols, cmask, dim, eps, dtype)
-        tl.store(xf_ptr + b * dim + cols, x1.to(dtype), mask=cmask)
-        tl.store(rcount_ptr + b, 0)
 
 
 @triton.jit
@@ -512,15 +311,11 @@ class Scratch:
         else:
             gemms += [(ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]
         part_shape, count_shape = ((n_rows, weights.n_head, dim), (n_rows,)) if cfg.attn_out else ((1,), (1,))
-        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, _attn_span(cfg)),
+        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, attn_span(cfg)),
                    *split_scratch(n_rows, cfg.block_m, gemms, dev),
                    row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
                    torch.empty(part_shape, device=dev, dtype=torch.float32),
                    torch.zeros(count_shape, device=dev, dtype=torch.int32))  # fmt: skip
-
-
-def _attn_span(cfg: MmaConfig) -> int:
-    return cfg.attn_block * cfg.attn_tiles  # KV slots per attention program
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
@@ -547,27 +342,6 @@ def qkv_stage(
         *v_layer.stride()[:3], N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head,
         RAW=prev is None or is_stored, STORED=is_stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits,
         **_dims(s, cfg),
-    )  # fmt: skip
-
-
-def attention_stage(
-    s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
-    n_slots: int, eps: float, cfg: MmaConfig,
-) -> None:  # fmt: skip
-    """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype); with
-    cfg.attn_out, instead LN1(s.x_attn + s.attn @ W_o^T + b_o) -> s.x_ffn (what out_proj_stage stores)."""
-    (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
-    head_dim = dim // n_head
-    n_splits = triton.cdiv(n_slots, _attn_span(cfg))
-    block_d = triton.next_power_of_2(dim)
-    _attention_kernel[(n_splits, n_head, n_rows)](
-        s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
-        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.out_part,
-        s.out_count, eps,
-        n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
-        N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
-        SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
-        num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
 
 

@@ -1,0 +1,163 @@
+"""The many-row stack's attention kernel (`t2s_layer_mma_triton`), with the out-projection in its tails.
+
+One program per (row, head, block of attn_tiles tiles of attn_block slots): online softmax over the
+block's tiles below the row's length; the last of a (row, head) to finish (an int32 counter per program)
+merges the blocks in a fixed order (a block as large as the cache: one program per (row, head), no
+partials and no merge). The head's 32 values, rounded to the model dtype, go to `attn` for the
+out-projection kernel, or, with MmaConfig.attn_out, through the head's share of the out-projection
+(W_o's 32 columns of the head, fp32, stored per head); the row's last head to arrive sums the 16 shares
+in head order and stores LN1(x_attn + rnd(out + b_o)) to x_ffn, where ffn1 (prenorm) reads it. A row's
+numbers depend only on that row: bitwise the same alone or in any batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from voicehub.runtime.kernels.t2s_layer import LayerWeights
+from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch, _merge_blocks, _post_norm_of
+
+if TYPE_CHECKING:
+    from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
+    from voicehub.runtime.kernels.t2s_layer_mma_triton import Scratch
+
+ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (MmaConfig.attn_out)
+
+
+@triton.jit
+def _attend_tiles(
+    q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
+    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
+    # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
+    # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge).
+    dims = tl.arange(0, DH)
+    dmask = dims < HEAD_DIM
+    q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
+    b64 = b.to(tl.int64)
+    k_row = k_ptr + b64 * skb + h * skh
+    v_row = v_ptr + b64 * svb + h * svh
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
+    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
+    acc = tl.zeros([DH], tl.float32)
+    for t in range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)):
+        slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
+        live = slots < n
+        kv_mask = live[:, None] & dmask[None, :]
+        k = tl.load(k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0)
+        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+        p = tl.exp(s - m_new)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m = m_new
+    return m, denom, acc
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
+    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps,
+    n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
+    TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):  # fmt: skip
+    # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
+    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
+    _await_previous(PDL)  # no weights here to read first
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
+    m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES)  # fmt: skip
+    dims = tl.arange(0, DH)
+    out = attn_ptr + b * dim + h * HEAD_DIM + dims
+    dtype = attn_ptr.dtype.element_ty
+    if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
+        a = (acc / denom).to(dtype)
+        if OUT:
+            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
+                           eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+        else:
+            tl.store(out, a, mask=dims < HEAD_DIM)
+    else:
+        # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
+        base = (b * N_HEAD + h) * SPLITS
+        tl.store(part_ptr + (base + split) * DH + dims, acc)
+        tl.store(m_ptr + base + split, m)
+        tl.store(l_ptr + base + split, denom)
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
+            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
+            if OUT:
+                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
+                               dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+            else:
+                tl.store(out, a, mask=dims < HEAD_DIM)
+
+
+@triton.jit
+def _head_out_proj(
+    a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim, eps,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
+):  # fmt: skip
+    # Head h's output a [DH] (the model dtype, as torch stores attn) times W_o[:, h's columns]^T, BLOCK_O
+    # outputs at a time, stored as the head's share opart[b, h] [D] fp32; then the row's last head to arrive
+    # (an int32 counter per row, left at 0 for the next layer) sums the shares in head order and stores
+    # x_ffn[b] = LN1(x_attn[b] + rnd(out + b_o)).
+    dims = tl.arange(0, DH)
+    dmask = dims < HEAD_DIM
+    af = a.to(tl.float32)
+    for o0 in tl.static_range(0, BLOCK_D, BLOCK_O):
+        outs = o0 + tl.arange(0, BLOCK_O)
+        omask = outs < dim
+        wo = tl.load(wo_ptr + outs[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=omask[:, None] & dmask[None, :],
+                     other=0.0)  # fmt: skip
+        share = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
+        tl.store(opart_ptr + (b * N_HEAD + h) * dim + outs, share, mask=omask)
+    tl.debug_barrier()  # every thread's share is stored before the counter says so
+    if tl.atomic_add(rcount_ptr + b, 1, sem="acq_rel") == N_HEAD - 1:
+        cols = tl.arange(0, BLOCK_D)
+        cmask = cols < dim
+        out = tl.zeros([BLOCK_D], tl.float32)
+        for hh in tl.static_range(N_HEAD):
+            out += tl.load(opart_ptr + (b * N_HEAD + hh) * dim + cols, mask=cmask, other=0.0, volatile=True)
+        dtype = xf_ptr.dtype.element_ty
+        x1 = _post_norm_of(out, xa_ptr, bo_ptr, n1w_ptr, n1b_ptr, b, cols, cmask, dim, eps, dtype)
+        tl.store(xf_ptr + b * dim + cols, x1.to(dtype), mask=cmask)
+        tl.store(rcount_ptr + b, 0)
+
+
+def attn_span(cfg: MmaConfig) -> int:
+    return cfg.attn_block * cfg.attn_tiles  # KV slots per attention program
+
+
+def attention_stage(
+    s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
+    n_slots: int, eps: float, cfg: MmaConfig,
+) -> None:  # fmt: skip
+    """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype); with
+    cfg.attn_out, instead LN1(s.x_attn + s.attn @ W_o^T + b_o) -> s.x_ffn (what out_proj_stage stores)."""
+    (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
+    head_dim = dim // n_head
+    n_splits = triton.cdiv(n_slots, attn_span(cfg))
+    block_d = triton.next_power_of_2(dim)
+    _attention_kernel[(n_splits, n_head, n_rows)](
+        s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
+        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.out_part,
+        s.out_count, eps,
+        n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
+        N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
+        SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
+        num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+    )  # fmt: skip

@@ -1,0 +1,97 @@
+"""The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
+
+Every field but pdl changes the order of float operations or the MMA instruction, so a config is fixed
+per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not depend
+on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+MIN_DOT = 16  # tl.dot's smallest tile side
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Rows per GEMM program (block_m), outputs per qkv / out-proj / ffn2 / head program (block_n),
+    the reduction chunk (block_k), hidden units per ffn1 program (ffn_block), KV slots per attention
+    tile (attn_block) and tiles per attention program (attn_tiles: a program covers attn_block *
+    attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
+    qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
+    the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
+    Every field changes the order of float operations or the MMA instruction: fixed per model shape,
+    never chosen by the batch size or the bucket."""
+
+    block_m: int = 16
+    block_n: int = 32
+    block_k: int = 64
+    ffn_block: int = 64
+    attn_block: int = 64
+    attn_tiles: int = 1
+    gemm_warps: int = 4
+    attn_warps: int = 4
+    gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
+    pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
+    qkv_splits: int = 1
+    out_splits: int = 1
+    ffn1_splits: int = 1
+    ffn2_splits: int = 1
+    # out-proj / ffn2 normalise the rows once per row block for ffn1 / qkv / the head (plain GEMMs then):
+    # `t2s_layer_mma_prenorm_triton`
+    prenorm: bool = False
+    # 0: ffn1 and ffn2 as two kernels; n >= 1: one kernel (`t2s_ffn_fused_triton`), a program per (row block,
+    # slice of ffn_dim / n hidden units) walking its slice ffn_chunk units at a time, the n partials of
+    # a row block summed in slice order by the last to finish
+    ffn_slices: int = 0
+    ffn_chunk: int = 32
+    # the out-projection inside the attention kernel (needs prenorm): each (row, head) program stores its
+    # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
+    # head order and stores LN1 to x_ffn; no out-proj kernel
+    attn_out: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attn_out and not self.prenorm:
+            raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
+        for name, value in vars(self).items():
+            if name in ("pdl", "gemm_stages", "prenorm", "attn_out") or (name == "ffn_slices" and value == 0):
+                continue
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
+        for name in ("block_m", "block_n", "block_k", "ffn_block", "ffn_chunk"):
+            if getattr(self, name) < MIN_DOT:
+                raise ValueError(f"MmaConfig.{name} must be >= {MIN_DOT} (tl.dot's smallest tile)")
+
+
+# (dim, ffn_dim, n_head, vocab) -> config. v3: tuned on the H200 by `t2s_layer_bench.py --mma-grid`
+# (benchmarks/results/t2s_layer_mmagrid_h200.json: 64 rows 2,106 -> 1,375 us a step in session 6; then
+# t2s_layer_mmagrid_ffn_h200.json: 1,379 -> 1,337 us, 128 rows 2,247 -> 2,018 us, 16 rows 973 -> 961 us). K chunks of 256;
+# attention programs walk 8 tiles of 128 slots (a whole 1,024-slot bucket in one program: no partials,
+# no merge); QKV, FFN1 and FFN2 split K in 2, 2 and 4 fixed parts; each layer's norm once a row
+# (prenorm); PDL off (slower for this stack on the H200). The fused FFN (ffn_slices 4-32) was slower:
+# 1,753-2,275 us at 64 rows. attn_out (session 12, t2s_rows_probe_h200.json): 64 rows 1,149 -> 1,125 us at
+# KV length 480; closed loop 1-64 streams +1.5-8%, 128 streams -6.5% (t2s_batch_triton_h200*.json).
+CONFIGS = {
+    (512, 2048, 16, 1025): MmaConfig(
+        block_k=256,
+        attn_block=128,
+        attn_tiles=8,
+        attn_warps=2,
+        gemm_stages=2,
+        pdl=False,
+        qkv_splits=2,
+        ffn1_splits=2,
+        ffn2_splits=4,
+        prenorm=True,
+        attn_out=True,
+    )  # fmt: skip
+}
+
+
+def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
+    """The table's entry, else the defaults with the reduction chunk no wider than the model."""
+    if (dim, ffn_dim, n_head, vocab) in CONFIGS:
+        return CONFIGS[dim, ffn_dim, n_head, vocab]
+    return MmaConfig(block_k=max(MIN_DOT, min(64, triton.next_power_of_2(dim))))
