@@ -110,6 +110,7 @@ MMA_GRID = {
     "ffn_block": (64, 128),
     "gemm_stages": (2, 3),
     "pdl": (True, False),
+    "attn_out": (True, False),  # on needs prenorm: a pair the config refuses is skipped
 }
 MMA_GRID_START = {"block_k": 256, "block_n": 64, "ffn_block": 128, "gemm_stages": 2, "attn_block": 256,
                   "attn_warps": 2, "pdl": False}  # fmt: skip
@@ -419,7 +420,11 @@ def mma_grid(mk, args, report: Report, base, dtype):
     want = reference(inputs, args.n_slots)
     timed: dict = {}  # config -> row
 
-    def run(cfg) -> None:
+    def run(cfg, **changes) -> None:
+        try:
+            cfg = dataclasses.replace(cfg, **changes)
+        except ValueError:  # a combination the config refuses (attn_out without prenorm)
+            return
         if cfg in timed or time.perf_counter() - t_start > args.grid_budget_s:
             return
         t0 = time.perf_counter()
@@ -432,13 +437,13 @@ def mma_grid(mk, args, report: Report, base, dtype):
         return min(ok, key=lambda c: timed[c]["step_us"]) if ok else None
 
     run(base)
-    run(dataclasses.replace(base, **MMA_GRID_START))
+    run(base, **MMA_GRID_START)
     winner, improved = best(), True
     while winner is not None and improved:
         improved = False
         for field, values in MMA_GRID.items():
             for value in values:
-                run(dataclasses.replace(winner, **{field: value}))
+                run(winner, **{field: value})
             if best() != winner:
                 winner, improved = best(), True
     report.extra["grid"] = {"values": {k: list(v) for k, v in MMA_GRID.items()}, "start": MMA_GRID_START,
