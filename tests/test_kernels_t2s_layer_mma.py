@@ -77,7 +77,7 @@ def mk():
                           (torch.float16, 1, False, True, 0, False), (torch.float32, 2, True, True, 0, False),
                           (torch.float32, 2, True, False, 4, False), (torch.float16, 8, False, False, 8, False),
                           (torch.float32, 8, False, False, 1, False), (torch.float16, 2, True, True, 4, False),
-                          (torch.float32, 1, True, True, 0, True), (torch.float16, 8, False, True, 0, True),
+                          (torch.float32, 1, True, True, 0, True),
                           (torch.float32, 2, True, True, 4, True)])  # fmt: skip
 def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split, prenorm, fused, attn_out):
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
@@ -100,10 +100,11 @@ def test_stack_matches_the_definition_across_row_blocks(mk, dtype, tiles, split,
     assert not got.isnan().any()
 
 
+# the merge path, one program per cache, split-K, split-K with prenorm, the fused FFN, and the v3 table's kind
+# (whole cache, split-K, prenorm, the out-projection in the attention kernel); each case ~25 s interpreted
 @pytest.mark.parametrize(("tiles", "split", "prenorm", "fused", "attn_out"),
-                         [(1, False, False, 0, False), (2, False, False, 0, False), (8, False, False, 0, False), (2, True, False, 0, False),
-                          (1, False, True, 0, False), (2, True, True, 0, False), (2, True, False, 4, False), (8, False, True, 8, False),
-                          (1, False, True, 0, True), (8, True, True, 0, True)])  # fmt: skip
+                         [(1, False, False, 0, False), (8, False, False, 0, False), (2, True, False, 0, False),
+                          (2, True, True, 0, False), (2, True, False, 4, False), (8, True, True, 0, True)])  # fmt: skip
 def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split, prenorm, fused, attn_out):
     # bitwise: a row alone (batch of 1, row 0) equals the same row inside a batch of 5 with other
     # lengths (at index 3) and in the second row block of 18 rows, for two KV buckets
