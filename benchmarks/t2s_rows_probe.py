@@ -21,6 +21,7 @@ is the share of launch gaps and tails).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -61,7 +62,7 @@ def grouped(inputs, n_slots: int, cfg, n_groups: int):
         for stream in side:
             stream.wait_stream(main)  # (on the CPU: no streams, the groups run one after another)
         for g, (lo, hi) in enumerate(spans):
-            ctx = torch.cuda.stream(side[g - 1]) if g and side else _null()
+            ctx = torch.cuda.stream(side[g - 1]) if g and side else contextlib.nullcontext()
             with ctx:
                 run_stack(scratch[g], x[lo:hi], w, k[:, lo:hi], v[:, lo:hi], lengths[lo:hi], n_slots, cfg,
                           logits[lo:hi])  # fmt: skip
@@ -70,14 +71,6 @@ def grouped(inputs, n_slots: int, cfg, n_groups: int):
         return logits
 
     return step
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def probe(args) -> dict:
@@ -113,7 +106,7 @@ def probe(args) -> dict:
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
             print(json.dumps(row), flush=True)
             rows_out.append(row)
-        for rows in (16, 32):  # a group's floor alone
+        for rows in (r for r in (16, 32) if r < args.rows):  # a group's floor alone
             sub = (inputs[0][:rows], inputs[1], inputs[2][:, :rows], inputs[3][:, :rows], inputs[4][:rows])
             row = {"rows": rows, "length": length, "n_slots": n_slots, "variant": "chain", "groups": 1,
                    "pdl": base.pdl, "step_us": time_us(grouped(sub, n_slots, base, 1), args.device == "cuda",
@@ -121,7 +114,8 @@ def probe(args) -> dict:
             print(json.dumps(row), flush=True)
             rows_out.append(row)
         del inputs, k0, v0
-        torch.cuda.empty_cache() if args.device == "cuda" else None
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     return {"results": rows_out, "config": dataclasses.asdict(base)}
 
 
