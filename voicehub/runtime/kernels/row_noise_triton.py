@@ -13,21 +13,29 @@ import torch
 import triton
 import triton.language as tl
 
+from voicehub.runtime import row_rng
+
 BLOCK_V = 256  # vocabulary entries per program
+# the definition's constants (row_rng.py), as the kernels' compile-time values
+_MASK32 = tl.constexpr(row_rng.MASK32)
+_MIX_A, _MIX_B = tl.constexpr(row_rng.MIX_A), tl.constexpr(row_rng.MIX_B)
+_KEY_STEP = tl.constexpr(row_rng.KEY_STEP)
+_DROP_BITS = tl.constexpr(32 - row_rng.UNIFORM_BITS)  # hash bits below the uniform's
+_ULP = tl.constexpr(1.0 / (1 << row_rng.UNIFORM_BITS))
 
 
 @triton.jit
 def _mul32(x, c: tl.constexpr):
     # (x * c) mod 2^32 for x in [0, 2^32) int64, c split in 16-bit halves (no int64 overflow), as torch's
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
 
 
 @triton.jit
 def _mix32(x):
     # lowbias32 (row_rng.mix32) on int64 values
-    x = x & 0xFFFFFFFF
-    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
-    x = _mul32(x ^ (x >> 15), 0x846CA68B)
+    x = x & _MASK32
+    x = _mul32(x ^ (x >> 16), _MIX_A)
+    x = _mul32(x ^ (x >> 15), _MIX_B)
     return x ^ (x >> 16)
 
 
@@ -41,10 +49,10 @@ def _row_noise_kernel(
     seed_lo = tl.load(lo_ptr + b * s_lo).to(tl.int64)  # strided: the prefill passes columns of one tensor
     seed_hi = tl.load(hi_ptr + b * s_hi).to(tl.int64)
     step = tl.load(step_ptr + b * s_step).to(tl.int64)
-    key = _mix32(_mix32(_mix32(seed_lo) ^ seed_hi) ^ ((step * 2 + 1) & 0xFFFFFFFF) ^ 0x9E3779B9)  # row_keys
+    key = _mix32(_mix32(_mix32(seed_lo) ^ seed_hi) ^ ((step * 2 + 1) & _MASK32) ^ _KEY_STEP)  # row_keys
     vocab = tl.load(vocab_ptr + cols * s_vocab, mask=valid, other=0).to(tl.int64)
     h = _mix32(_mix32(key ^ vocab) ^ key)  # exponential_noise
-    u = ((h >> 8).to(tl.float64) + 0.5) * (1.0 / 16777216)  # hash_noise: the top 24 bits, in (0, 1)
+    u = ((h >> _DROP_BITS).to(tl.float64) + 0.5) * _ULP  # hash_noise: the top UNIFORM_BITS bits, in (0, 1)
     tl.store(out_ptr + b.to(tl.int64) * s_out + cols, (-tl.log(u)).to(tl.float32), mask=valid)
 
 
