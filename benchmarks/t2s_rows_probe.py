@@ -80,6 +80,7 @@ def probe(args) -> dict:
     pdl = dataclasses.replace(base, pdl=not base.pdl)
     # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
     out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
+    tickets = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)  # ffn1 + ffn2: one kernel or two
     rows_out = []
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = min(next(b for b in (256, 384, 512, 768, 1024) if b > length), args.max_slots)
@@ -91,6 +92,7 @@ def probe(args) -> dict:
             ("chain", base, 1),
             (f"chain attn_out={out.attn_out}", out, 1),
             (f"chain pdl={pdl.pdl}", pdl, 1),
+            (f"chain ffn_tickets={tickets.ffn_tickets}", tickets, 1),
         ]
         variants += [(f"groups={g}", base, g) for g in groups] + [
             (f"groups={g} pdl={pdl.pdl}", pdl, g) for g in groups
@@ -101,7 +103,7 @@ def probe(args) -> dict:
             fn = grouped(inputs, n_slots, cfg, n_groups)
             got = fn().clone()
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
-                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "equal_to_chain": bool(torch.equal(got, want)),
+                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets, "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
             print(json.dumps(row), flush=True)

@@ -8,6 +8,7 @@ attention blocks; cache slots past each row's length are NaN, so a stale read fa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -223,6 +224,38 @@ def test_fused_ffn_equals_ffn1_then_ffn2_and_sums_its_slices_in_order(mk, slices
             assert not part[:, 4:].any()
 
 
+# whole K (no partials), split-K (ffn1: two empty splits of four; ffn2: two hidden tiles a split), fp16
+@pytest.mark.parametrize(("dtype", "split", "prenorm"),
+                         [(torch.float32, False, False), (torch.float32, True, True), (torch.float16, True, True)])  # fmt: skip
+def test_ticketed_ffn_is_bitwise_ffn1_then_ffn2_and_leaves_its_counters_at_zero(mk, dtype, split, prenorm):
+    # one kernel of tickets leaves h, out_ffn, x_ffn and (prenorm) x_attn bitwise as the two kernels do,
+    # both row blocks; twice on one scratch: the ticket, ended, ready and split counters back at 0
+    x, w, k, _, _ = stack_inputs(18, dtype, LENGTHS)
+    layer, g = w.layers[0], torch.Generator().manual_seed(7)
+    off = mk.MmaConfig(**BLOCKS, prenorm=prenorm, **(SPLITS if split else {}))
+    on = mk.MmaConfig(**BLOCKS, prenorm=prenorm, **(SPLITS if split else {}), ffn_tickets=True)
+    s, want_s = mk.Scratch.allocate(18, w, k.shape[3], on), mk.Scratch.allocate(18, w, k.shape[3], off)
+    for name in ("out_attn", "x_attn", "x_ffn"):
+        getattr(s, name).copy_(torch.randn(getattr(s, name).shape, generator=g))
+        getattr(want_s, name).copy_(getattr(s, name))
+    mk.ffn1_stage(want_s, layer, w.eps, off)
+    mk.ffn2_stage(want_s, layer, w.eps, off)
+    for _ in range(2):
+        for t in (s.out_ffn, s.h) + ((s.x_attn,) if prenorm else ()):
+            t.fill_(float("nan"))
+        mk.ffn1_stage(s, layer, w.eps, on)
+        mk.ffn2_stage(s, layer, w.eps, on)  # nothing: the ticketed ffn1_stage ran both
+        for name in ("h", "out_ffn", "x_ffn", "x_attn"):
+            assert torch.equal(getattr(s, name), getattr(want_s, name)), name
+        counts = (
+            s.ticket[1],
+            s.ticket[3],
+            s.ticket[4],
+        )  # per ffn1 tile, per ffn2 tile, ticket / ended / ready
+        assert not any(c.any() for c in counts) and (not prenorm or not s.row_count.any())
+    assert not want_s.ticket
+
+
 def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
     x, w, k, v, lengths = stack_inputs(3, torch.float32, LENGTHS[:3])
     want = ref.decode_stack_reference(
@@ -253,6 +286,8 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(ffn_slices=3)
     with pytest.raises(ValueError, match="smallest tile"):
         mk.MmaConfig(ffn_slices=4, ffn_chunk=8)
+    with pytest.raises(ValueError, match="ffn_slices must be 0"):
+        mk.MmaConfig(ffn_slices=4, ffn_tickets=True)
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
 
 
@@ -381,3 +416,31 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
     five = [5, 3, 0, 17, 9]
     mixed = stack(x[five], w, k[:, five].clone(), v[:, five].clone(), lengths[five], 1024)
     assert torch.equal(mixed, got[five])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_rows", [1, 20, 64])
+def test_cuda_full_size_ticketed_ffn_is_bitwise_the_two_kernels(n_rows):
+    # the v3 table's config with ffn1 + ffn2 as one kernel of tickets: logits, k and v bitwise the two
+    # kernels', twice (its counters reset); 64 rows: four row blocks of ffn2 tiles waiting at once
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    mk = importlib.import_module(MODULE)
+    base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
+    on = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(4)
+    lengths = torch.randint(0, 1024, (n_rows,), generator=g, device="cuda")
+    shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
+    x = torch.randn(n_rows, FULL["dim"], generator=g, device="cuda").half()
+    outs = {}
+    for cfg in (base, on, on):
+        kc, vc = k.clone(), v.clone()
+        outs.setdefault(cfg.ffn_tickets, []).append(
+            (mk.decode_stack_mma(x, w, kc, vc, lengths, 1024, config=cfg), kc, vc)
+        )
+    want = outs[base.ffn_tickets][0]
+    for got in outs[on.ffn_tickets]:
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not want[0].isnan().any()

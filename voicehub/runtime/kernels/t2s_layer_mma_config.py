@@ -1,6 +1,6 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl changes the order of float operations or the MMA instruction, so a config is fixed
+Every field but pdl and ffn_tickets changes the order of float operations or the MMA instruction, so a config is fixed
 per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not depend
 on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
 """
@@ -22,8 +22,8 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field changes the order of float operations or the MMA instruction: fixed per model shape,
-    never chosen by the batch size or the bucket."""
+    Every field but pdl and ffn_tickets changes the order of float operations or the MMA instruction:
+    fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
     block_n: int = 32
@@ -51,12 +51,19 @@ class MmaConfig:
     # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
     # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
+    # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
+    # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
+    ffn_tickets: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
+        if self.ffn_tickets and self.ffn_slices:
+            raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         for name, value in vars(self).items():
-            if name in ("pdl", "gemm_stages", "prenorm", "attn_out") or (name == "ffn_slices" and value == 0):
+            if name in ("pdl", "gemm_stages", "prenorm", "attn_out", "ffn_tickets") or (
+                name == "ffn_slices" and value == 0
+            ):
                 continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")

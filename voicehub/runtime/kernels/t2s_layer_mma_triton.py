@@ -34,14 +34,14 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
+from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
+from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import _a_chunk, _ffn1_out, _normed_dot, _w_chunk
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     _keeps,
     _norm_rows_if_last,
-    _normed,
-    _row_stats,
     row_block_counters,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
@@ -52,58 +52,6 @@ from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     split_scratch,
 )
 from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch, attention_scratch
-
-
-@triton.jit
-def _w_chunk(w_ptr, outs, n_out, ks, n_in):
-    # W[outs, ks]^T [BLOCK_K, BLOCK_N] (0 past n_out and n_in)
-    mask = (outs < n_out)[None, :] & (ks < n_in)[:, None]
-    return tl.load(w_ptr + outs[None, :] * n_in + ks[:, None], mask=mask, other=0.0)
-
-
-@triton.jit
-def _x_chunk(
-    x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim, mean, inv_std,
-    RAW: tl.constexpr, dtype: tl.constexpr,
-):  # fmt: skip
-    # columns ks of the GEMM's left operand [BLOCK_M, BLOCK_K]: the raw rows or their LN; keep: stored too
-    mask = rmask[:, None] & (ks < dim)[None, :]
-    if RAW:
-        x = tl.load(x_ptr + rows[:, None] * sxb + ks[None, :], mask=mask, other=0.0)
-    else:
-        x = _normed(x_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, ks, mask, dim, mean, inv_std, dtype)
-    if keep:
-        tl.store(keep_ptr + rows[:, None] * dim + ks[None, :], x, mask=mask)
-    return x
-
-
-@triton.jit
-def _normed_dot(
-    x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, w_ptr, keep_ptr, keep, rows, rmask, outs, n_out, dim, eps,
-    k_lo, k_hi, RAW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, dtype: tl.constexpr,
-):  # fmt: skip
-    # [BLOCK_M, BLOCK_N] fp32 = x[:, k_lo:k_hi] @ W[outs, k_lo:k_hi]^T (k_lo a multiple of BLOCK_K), x = the
-    # raw rows (RAW) or LN(x + rnd(out + bias)) (statistics over the whole row); keep: this program also
-    # stores x's columns k_lo:k_hi (the layer's residual) to keep_ptr. The first chunk is peeled: its
-    # weights (W's whole tile when BLOCK_K covers the row) are read before waiting for the previous
-    # kernel (PDL); the loop's loads are left plain for Triton's software pipelining.
-    ks = k_lo + tl.arange(0, BLOCK_K)
-    w = _w_chunk(w_ptr, outs, n_out, ks, dim)
-    _await_previous(PDL)
-    mean = tl.zeros([BLOCK_M], tl.float32)  # unused by RAW
-    inv_std = mean
-    if not RAW:
-        mean, inv_std = _row_stats(x_ptr, out_ptr, bias_ptr, rows, rmask, dim, eps, BLOCK_D, dtype)
-    x = _x_chunk(x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim, mean,
-                 inv_std, RAW, dtype)  # fmt: skip
-    acc = _mm(x, w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = _x_chunk(x_ptr, sxb, out_ptr, bias_ptr, nw_ptr, nb_ptr, keep_ptr, keep, rows, rmask, ks, dim,
-                     mean, inv_std, RAW, dtype)  # fmt: skip
-        acc = _mm(x, _w_chunk(w_ptr, outs, n_out, ks, dim), acc, IEEE)
-    return acc
 
 
 @triton.jit
@@ -162,13 +110,6 @@ def _qkv_out(
     v_off = r64 * svb + (head * svh + d)[None, :] + slot[:, None] * svs
     tl.store(k_ptr + k_off, y, mask=ok & (part == 1)[None, :])
     tl.store(v_ptr + v_off, y, mask=ok & (part == 2)[None, :])
-
-
-@triton.jit
-def _a_chunk(a_ptr, rows, rmask, ks, n_in):
-    return tl.load(
-        a_ptr + rows[:, None] * n_in + ks[None, :], mask=rmask[:, None] & (ks < n_in)[None, :], other=0.0
-    )
 
 
 @triton.jit
@@ -239,16 +180,6 @@ def _ffn1_kernel(
 
 
 @triton.jit
-def _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim):
-    dtype = h_ptr.dtype.element_ty
-    b1 = tl.load(b1_ptr + hid, mask=hid < ffn_dim, other=0.0).to(tl.float32)
-    h = tl.maximum((acc + b1[None, :]).to(dtype), 0.0).to(dtype)
-    tl.store(
-        h_ptr + rows[:, None] * ffn_dim + hid[None, :], h, mask=rmask[:, None] & (hid < ffn_dim)[None, :]
-    )
-
-
-@triton.jit
 def _head_kernel(
     xf_ptr, o_ptr, b2_ptr, n2w_ptr, n2b_ptr, w_ptr, logits_ptr, n_rows, dim, vocab, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -296,6 +227,7 @@ class Scratch:
     row_count: torch.Tensor
     out_part: torch.Tensor
     out_count: torch.Tensor
+    ticket: tuple  # the ticketed FFN's partials and counters (`ticket_scratch`), () without it
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
@@ -315,7 +247,8 @@ class Scratch:
                    *split_scratch(n_rows, cfg.block_m, gemms, dev),
                    row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
                    torch.empty(part_shape, device=dev, dtype=torch.float32),
-                   torch.zeros(count_shape, device=dev, dtype=torch.int32))  # fmt: skip
+                   torch.zeros(count_shape, device=dev, dtype=torch.int32),
+                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else ())  # fmt: skip
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
@@ -374,8 +307,9 @@ def out_proj_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) 
 
 def ffn2_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """s.h @ W2^T -> s.out_ffn (fp32, bias-free); cfg.prenorm: LN2(s.x_ffn + that + b2) -> s.x_attn (the
-    next layer's input, or the head's). cfg.ffn_slices: nothing (ffn1_stage ran the whole FFN)."""
-    if cfg.ffn_slices:
+    next layer's input, or the head's). cfg.ffn_slices or cfg.ffn_tickets: nothing (ffn1_stage ran the
+    whole FFN)."""
+    if cfg.ffn_slices or cfg.ffn_tickets:
         return
     norm = (s.x_ffn, layer.ffn2_bias, layer.norm2_weight, layer.norm2_bias, s.x_attn) if cfg.prenorm else None
     linear_stage(s, s.h, layer.ffn2_weight, s.out_ffn, cfg.ffn2_splits, cfg, norm, eps)
@@ -384,9 +318,13 @@ def ffn2_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> N
 def ffn1_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """x1 = LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn; relu(x1 W1^T + b1) -> s.h (cfg.prenorm: x1 read
     from s.x_ffn, where the out-proj stored it). cfg.ffn_slices: the whole FFN in one kernel, s.out_ffn
-    as ffn2_stage leaves it (`t2s_ffn_fused_triton`; s.h unused)."""
+    as ffn2_stage leaves it (`t2s_ffn_fused_triton`; s.h unused). cfg.ffn_tickets: ffn1 and ffn2 in one
+    kernel (`t2s_ffn_ticket_triton`), what the two leave."""
     if cfg.ffn_slices:
         ffn_fused_stage(s, layer, eps, cfg)
+        return
+    if cfg.ffn_tickets:
+        ffn_ticket_stage(s, layer, eps, cfg)
         return
     n_rows, dim = s.q.shape
     ffn_dim = s.h.shape[1]
