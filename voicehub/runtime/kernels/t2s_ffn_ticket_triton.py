@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
     from voicehub.runtime.kernels.t2s_layer_mma_triton import Scratch
 
-_TICKET, _DONE, _READY = 0, 1, 2  # sync's layout: the ticket, the programs ended, then the ready counters
+# sync's layout: the ticket, the programs ended, then the ready counters
+_TICKET, _DONE, _READY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
