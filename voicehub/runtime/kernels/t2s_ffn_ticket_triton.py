@@ -169,7 +169,7 @@ def ticket_scratch(n_rows: int, dim: int, ffn_dim: int, cfg: MmaConfig, device: 
         tiles2 * cfg.ffn2_splits * cfg.block_m * cfg.block_n, device=device, dtype=torch.float32
     )
     counts = torch.zeros(
-        tiles1 + tiles2 + _READY + row_blocks * cfg.ffn2_splits, device=device, dtype=torch.int32
+        tiles1 + tiles2 + _READY.value + row_blocks * cfg.ffn2_splits, device=device, dtype=torch.int32
     )
     return part1, counts[:tiles1], part2, counts[tiles1 : tiles1 + tiles2], counts[tiles1 + tiles2 :]
 
