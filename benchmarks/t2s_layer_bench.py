@@ -88,29 +88,30 @@ MMA_SWEEP = (  # the many-row stack's config, one field at a time around the tab
     {"pdl": False},
     {"prenorm": True},
 )
-# --mma-grid: a coordinate search over these values, starting from every single change that won in
-# the H200 sweep (benchmarks/results/t2s_layer_sweep_h200.json); the GEMMs' split-K first (new: the
-# rest was tuned by the last grid), then the attention fields (they recompile one kernel), then the GEMMs'
-# (prenorm, new in this grid, first of all: the norms once per row block changes what the splits cost)
-# The fused FFN (ffn_slices > 0: one kernel for ffn1 + ffn2, new) first: its slices, then its chunk width
-# (ffn_chunk has no effect while ffn_slices is 0: those two configs time the same kernels)
+# --mma-grid: a coordinate search over these values from the table's config (and from MMA_GRID_START, the
+# single changes that won in the H200 sweep, benchmarks/results/t2s_layer_sweep_h200.json). Session 13's
+# order: the launch-order fields first (no effect on results: PDL, PDL one kernel ahead, the ticketed
+# FFN), then the splits and blocks as before; the fused FFN (ffn_slices > 0, slower in every earlier grid)
+# last, then its chunk width (ffn_chunk has no effect while ffn_slices is 0: those configs time the same kernels)
 MMA_GRID = {
-    "ffn_slices": (0, 4, 8, 16, 32),
-    "ffn_chunk": (16, 32, 64),
-    "prenorm": (False, True),
+    "ffn_tickets": (False, True),
+    "pdl": (True, False),
+    "pdl_late": (False, True),  # on needs pdl: a pair the config refuses is skipped
     "ffn2_splits": (1, 2, 4, 8),
     "qkv_splits": (1, 2, 4),
-    "out_splits": (1, 2, 4),
     "ffn1_splits": (1, 2, 4),
-    "attn_block": (128, 256),
     "attn_tiles": (1, 2, 4, 8),
     "attn_warps": (2, 4),
+    "attn_block": (128, 256),
     "block_k": (128, 256),
     "block_n": (32, 64),
     "ffn_block": (64, 128),
     "gemm_stages": (2, 3),
-    "pdl": (True, False),
+    "out_splits": (1, 2, 4),  # unused with attn_out
+    "prenorm": (False, True),
     "attn_out": (True, False),  # on needs prenorm: a pair the config refuses is skipped
+    "ffn_slices": (0, 4, 8, 16, 32),
+    "ffn_chunk": (16, 32, 64),
 }
 MMA_GRID_START = {"block_k": 256, "block_n": 64, "ffn_block": 128, "gemm_stages": 2, "attn_block": 256,
                   "attn_warps": 2, "pdl": False}  # fmt: skip
@@ -423,7 +424,9 @@ def mma_grid(mk, args, report: Report, base, dtype):
     def run(cfg, **changes) -> None:
         try:
             cfg = dataclasses.replace(cfg, **changes)
-        except ValueError:  # a combination the config refuses (attn_out without prenorm)
+        except (
+            ValueError
+        ):  # a combination the config refuses (attn_out without prenorm, pdl_late without pdl)
             return
         if cfg in timed or time.perf_counter() - t_start > args.grid_budget_s:
             return

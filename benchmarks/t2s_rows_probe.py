@@ -78,6 +78,7 @@ def probe(args) -> dict:
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
     base = mk.config_for(dim, ffn_dim, n_head, vocab)
     pdl = dataclasses.replace(base, pdl=not base.pdl)
+    late = dataclasses.replace(base, pdl=True, pdl_late=True)  # the next kernel launched after the wait
     # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
     out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
     tickets = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)  # ffn1 + ffn2: one kernel or two
@@ -92,6 +93,7 @@ def probe(args) -> dict:
             ("chain", base, 1),
             (f"chain attn_out={out.attn_out}", out, 1),
             (f"chain pdl={pdl.pdl}", pdl, 1),
+            ("chain pdl=True pdl_late=True", late, 1),
             (f"chain ffn_tickets={tickets.ffn_tickets}", tickets, 1),
         ]
         variants += [(f"groups={g}", base, g) for g in groups] + [

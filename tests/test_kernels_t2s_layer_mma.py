@@ -286,6 +286,8 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(ffn_slices=3)
     with pytest.raises(ValueError, match="smallest tile"):
         mk.MmaConfig(ffn_slices=4, ffn_chunk=8)
+    with pytest.raises(ValueError, match="pdl_late needs pdl"):
+        mk.MmaConfig(pdl=False, pdl_late=True)
     with pytest.raises(ValueError, match="ffn_slices must be 0"):
         mk.MmaConfig(ffn_slices=4, ffn_tickets=True)
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])

@@ -1,6 +1,6 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl and ffn_tickets changes the order of float operations or the MMA instruction, so a config is fixed
+Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA instruction, so a config is fixed
 per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not depend
 on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
 """
@@ -22,7 +22,7 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl and ffn_tickets changes the order of float operations or the MMA instruction:
+    Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA instruction:
     fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
@@ -35,6 +35,9 @@ class MmaConfig:
     attn_warps: int = 4
     gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
     pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
+    # with pdl, a kernel lets the next one launch only once its own wait is over (at most two kernels on
+    # the GPU at a time), not at its start: no effect on results
+    pdl_late: bool = False
     qkv_splits: int = 1
     out_splits: int = 1
     ffn1_splits: int = 1
@@ -58,10 +61,12 @@ class MmaConfig:
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
+        if self.pdl_late and not self.pdl:
+            raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         for name, value in vars(self).items():
-            if name in ("pdl", "gemm_stages", "prenorm", "attn_out", "ffn_tickets") or (
+            if name in ("pdl", "pdl_late", "gemm_stages", "prenorm", "attn_out", "ffn_tickets") or (
                 name == "ffn_slices" and value == 0
             ):
                 continue

@@ -89,10 +89,14 @@ def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> StackConfig:
 def _await_previous(PDL: tl.constexpr):
     # Programmatic dependent launch: a kernel may start while the one before it finishes, so each kernel
     # loads only its weights (which no kernel writes) before this point, and reads or writes every other
-    # buffer after it. It lets the next kernel launch at once and waits for the previous one to complete.
-    if PDL:
+    # buffer after it. PDL 1 lets the next kernel launch at once, then waits for the previous one to
+    # complete; 2 (MmaConfig.pdl_late) waits first, so at most two kernels share the GPU at a time.
+    if PDL == 1:
         gdc_launch_dependents()
         gdc_wait()
+    elif PDL == 2:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -357,9 +361,11 @@ def _has_pdl(device: torch.device) -> bool:
 
 def _launch(cfg: StackConfig, device: torch.device) -> dict:
     """Launch options: PDL (the kernels' constexpr and Triton's launch flag) where the config asks and the
-    GPU has it (Hopper and later); never on the CPU interpreter."""
-    pdl = cfg.pdl and _has_pdl(device)
-    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
+    GPU has it (Hopper and later); never on the CPU interpreter. The constexpr: 1, or 2 where the config
+    asks for the next kernel's launch only after the wait (`_await_previous`)."""
+    if not (cfg.pdl and _has_pdl(device)):
+        return {"PDL": 0}
+    return {"PDL": 2 if getattr(cfg, "pdl_late", False) else 1, "launch_pdl": True}
 
 
 def _rows(n_rows: int, cfg: StackConfig) -> int:
