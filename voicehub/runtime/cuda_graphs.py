@@ -115,28 +115,17 @@ class BucketedGraphRunner:
         return len(self._graphs)
 
     def _capture(self, bucket: Hashable) -> _Captured:
-        # The warm-ups and the capture on one side stream, ordered after the caller's work and before
-        # its next. Not `torch.cuda.graph`: its entry synchronizes the device and empties the allocator's
-        # caches (device and pinned host) before every capture, which made ~0.7 s of a load's ~24
-        # captures (cudaFree now, cudaMalloc again for the next warm-up); the capture only records the
-        # step's launches, so it need not wait for the warm-ups to finish on the GPU, and what it
-        # allocates comes from the graphs' private pool whatever the general pool holds.
-        current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            with self.preserve():
-                for _ in range(self.warmup_calls):
-                    self.step(bucket)
-            graph = torch.cuda.CUDAGraph()
-            for gen in self.generators:
-                graph.register_generator_state(gen)
-            graph.capture_begin(*(() if self._pool is None else (self._pool,)))
-            try:
-                outputs = self.step(bucket)
-            finally:
-                graph.capture_end()
-        current.wait_stream(side)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), self.preserve():
+            for _ in range(self.warmup_calls):
+                self.step(bucket)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for gen in self.generators:
+            graph.register_generator_state(gen)
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.step(bucket)
         if self._pool is None:
             self._pool = graph.pool()
         captured = _Captured(graph, outputs)
