@@ -25,7 +25,7 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _norm_rows_if_last, _normed, _row_stats
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, _split_is_last, _split_sum, k_span
-from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch
+from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch
 
 
 @triton.jit

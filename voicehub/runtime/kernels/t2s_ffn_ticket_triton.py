@@ -29,7 +29,7 @@ from voicehub.runtime.kernels.t2s_layer import LayerWeights
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import _a_chunk, _ffn1_out, _normed_dot, _w_chunk
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _keeps, _norm_rows_if_last
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, _split_is_last, _split_sum, k_span
-from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch
+from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch
 
 if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig

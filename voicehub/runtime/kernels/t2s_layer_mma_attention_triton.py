@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights
-from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch, _merge_blocks, _post_norm_of
+from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch, _merge_blocks, _post_norm_of
 
 if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig

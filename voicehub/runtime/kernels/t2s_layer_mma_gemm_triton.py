@@ -12,7 +12,7 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _normed, _row_stats
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm
-from voicehub.runtime.kernels.t2s_layer_triton import _await_previous
+from voicehub.runtime.kernels.t2s_triton_common import _await_previous
 
 
 @triton.jit

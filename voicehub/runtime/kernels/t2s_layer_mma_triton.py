@@ -51,7 +51,7 @@ from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     k_span,
     split_scratch,
 )
-from voicehub.runtime.kernels.t2s_layer_triton import _await_previous, _launch, attention_scratch
+from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch, attention_scratch
 
 
 @triton.jit

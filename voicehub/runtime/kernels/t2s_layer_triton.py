@@ -25,7 +25,6 @@ come from the graph's pool, and every accumulator is zeroed by the kernel before
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -33,7 +32,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from voicehub.runtime.kernels.t2s_layer import (
     FIXED_POINT_SCALE,
@@ -42,6 +40,13 @@ from voicehub.runtime.kernels.t2s_layer import (
     StackWeights,
     check_args,
     check_embed_args,
+)
+from voicehub.runtime.kernels.t2s_triton_common import (
+    _await_previous,
+    _launch,
+    _merge_blocks,
+    _post_norm_of,
+    attention_scratch,
 )
 
 _FIXED = tl.constexpr(FIXED_POINT_SCALE)  # float -> accumulator units
@@ -86,39 +91,10 @@ def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> StackConfig:
 
 
 @triton.jit
-def _await_previous(PDL: tl.constexpr):
-    # Programmatic dependent launch: a kernel may start while the one before it finishes, so each kernel
-    # loads only its weights (which no kernel writes) before this point, and reads or writes every other
-    # buffer after it. PDL 1 lets the next kernel launch at once, then waits for the previous one to
-    # complete; 2 (MmaConfig.pdl_late) waits first, so at most two kernels share the GPU at a time.
-    if PDL == 1:
-        gdc_launch_dependents()
-        gdc_wait()
-    elif PDL == 2:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
 def _post_norm(res_ptr, acc_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype: tl.constexpr):
     # LN(residual + rnd(from_fixed(acc) + bias)) of one row: [BLOCK_D] float32, 0 where ~mask
     branch = tl.load(acc_ptr + row * dim + cols, mask=mask, other=0).to(tl.float32) * _UNFIXED
     return _post_norm_of(branch, res_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype)
-
-
-@triton.jit
-def _post_norm_of(branch, res_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype: tl.constexpr):
-    # LN(residual + rnd(branch + bias)) of one row, branch [BLOCK_D] float32 (0 where ~mask)
-    # `.to(dtype).to(tl.float32)`: rounded to the model's dtype where the unfused ops store a tensor
-    branch = (branch + tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    s = (tl.load(res_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32) + branch).to(dtype)
-    s = s.to(tl.float32)
-    mean = tl.sum(s, axis=0) / dim
-    centred = tl.where(mask, s - mean, 0.0)
-    inv_std = tl.rsqrt(tl.sum(centred * centred, axis=0) / dim + eps)
-    w = tl.load(nw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(nb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return (centred * inv_std * w + b).to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -208,23 +184,6 @@ def _attend_block(
     tl.store(l_ptr + base + split, tl.sum(p, axis=0))
     tl.debug_barrier()  # every thread's partial is written before the counter says so
     return tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1
-
-
-@triton.jit
-def _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD: tl.constexpr, DH: tl.constexpr,
-                  SPLITS: tl.constexpr):  # fmt: skip
-    # Row b's attention output for head h, [DH] float32: every block's partials merged in a fixed order
-    # and shape (SPLITS does not depend on the bucket; blocks past the length hold m = -inf and weigh 0)
-    base = (b * N_HEAD + h) * SPLITS
-    dims = tl.arange(0, DH)
-    idx = tl.arange(0, SPLITS)
-    have = idx < n_splits
-    ms = tl.load(m_ptr + base + idx, mask=have, other=float("-inf"), volatile=True)
-    ls = tl.load(l_ptr + base + idx, mask=have, other=0.0, volatile=True)
-    accs = tl.load(part_ptr + (base + idx)[:, None] * DH + dims[None, :], mask=have[:, None], other=0.0,
-                   volatile=True)  # fmt: skip
-    weight = tl.exp(ms - tl.max(ms, axis=0))  # slot 0 is live in block 0: the max is finite
-    return tl.sum(weight[:, None] * accs, axis=0) / tl.sum(weight * ls, axis=0)
 
 
 @triton.jit
@@ -337,35 +296,6 @@ class Scratch:
         acc = torch.empty(2, n_rows, dim, device=dev, dtype=torch.int64)
         attn = attention_scratch(n_rows, weights, max_slots, cfg.attn_block)
         return cls(like_x(), like_x(), like_x(), acc[0], acc[1], *attn)
-
-
-def attention_scratch(
-    n_rows: int, weights: StackWeights, max_slots: int, attn_block: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """What `_attend_block` and `_merge_blocks` hand each other: count [B, H] int32, m, l [B * H * splits]
-    and part [B * H * splits, DH] float32, and splits (the blocks of the whole cache: the merge's shape)."""
-    n_head, dim = weights.n_head, weights.head_weight.shape[1]
-    dev = weights.head_weight.device
-    splits = triton.next_power_of_2(triton.cdiv(max_slots, attn_block))
-    n_part = n_rows * n_head * splits
-    count = torch.empty(n_rows, n_head, device=dev, dtype=torch.int32)
-    stats = torch.empty(2, n_part, device=dev, dtype=torch.float32)
-    part = torch.empty(n_part, triton.next_power_of_2(dim // n_head), device=dev, dtype=torch.float32)
-    return count, stats[0], stats[1], part, splits
-
-
-@functools.cache
-def _has_pdl(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _launch(cfg: StackConfig, device: torch.device) -> dict:
-    """Launch options: PDL (the kernels' constexpr and Triton's launch flag) where the config asks and the
-    GPU has it (Hopper and later); never on the CPU interpreter. The constexpr: 1, or 2 where the config
-    asks for the next kernel's launch only after the wait (`_await_previous`)."""
-    if not (cfg.pdl and _has_pdl(device)):
-        return {"PDL": 0}
-    return {"PDL": 2 if getattr(cfg, "pdl_late", False) else 1, "launch_pdl": True}
 
 
 def _rows(n_rows: int, cfg: StackConfig) -> int:
