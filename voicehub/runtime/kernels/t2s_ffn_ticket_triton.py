@@ -26,9 +26,15 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights
-from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import _a_chunk, _ffn1_out, _normed_dot, _w_chunk
-from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _keeps, _norm_rows_if_last
-from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, _split_is_last, _split_sum, k_span
+from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
+    _a_chunk,
+    _ffn1_tail,
+    _linear_tail,
+    _normed_dot,
+    _w_chunk,
+)
+from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _keeps
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, k_span
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch
 
 if TYPE_CHECKING:
@@ -61,17 +67,8 @@ def _ffn1_tile(
         IEEE, False, h_ptr.dtype.element_ty,
     )  # fmt: skip
     ready = ready_ptr + rb * SPLITS2 + (f * BLOCK_F) // span2
-    if SPLITS1 == 1:
-        _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim)
-        tl.debug_barrier()  # every thread's part of h is stored before the counter says so
-        tl.atomic_add(ready, 1, sem="release")
-    else:
-        tile = rb * f_tiles + f
-        if _split_is_last(acc, part_ptr, count_ptr, tile, split, BLOCK_M, BLOCK_F, SPLITS1):
-            acc = _split_sum(part_ptr, count_ptr, tile, BLOCK_M, BLOCK_F, SPLITS1)
-            _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim)
-            tl.debug_barrier()
-            tl.atomic_add(ready, 1, sem="release")
+    _ffn1_tail(acc, part_ptr, count_ptr, rb * f_tiles + f, split, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim, ready,
+               BLOCK_M, BLOCK_F, SPLITS1, True)  # fmt: skip
 
 
 @triton.jit
@@ -88,7 +85,7 @@ def _ffn2_tile(
     rb = u // (n_tiles * SPLITS2)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask, omask = rows < n_rows, outs < dim
+    rmask = rows < n_rows
     k_lo = split * span2
     k_hi = tl.minimum(ffn_dim, k_lo + span2)
     ks = k_lo + tl.arange(0, BLOCK_K)
@@ -105,21 +102,9 @@ def _ffn2_tile(
         acc = _mm(
             _a_chunk(h_ptr, rows, rmask, ks, ffn_dim), _w_chunk(w2_ptr, outs, dim, ks, ffn_dim), acc, IEEE
         )
-    offs, mask = rows[:, None] * dim + outs[None, :], rmask[:, None] & omask[None, :]
-    if SPLITS2 == 1:
-        tl.store(out_ptr + offs, acc, mask=mask)
-        if PRENORM:
-            _norm_rows_if_last(rcount_ptr, rb, n_tiles, xf_ptr, out_ptr, b2_ptr, n2w_ptr, n2b_ptr, xn_ptr, rows,
-                               rmask, dim, eps, BLOCK_D)  # fmt: skip
-    else:
-        tile = rb * n_tiles + c
-        if _split_is_last(acc, part_ptr, count_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS2):
-            tl.store(
-                out_ptr + offs, _split_sum(part_ptr, count_ptr, tile, BLOCK_M, BLOCK_N, SPLITS2), mask=mask
-            )
-            if PRENORM:
-                _norm_rows_if_last(rcount_ptr, rb, n_tiles, xf_ptr, out_ptr, b2_ptr, n2w_ptr, n2b_ptr, xn_ptr,
-                                   rows, rmask, dim, eps, BLOCK_D)  # fmt: skip
+    _linear_tail(acc, out_ptr, part_ptr, count_ptr, rb * n_tiles + c, split, rcount_ptr, rb, n_tiles, xf_ptr, b2_ptr,
+                 n2w_ptr, n2b_ptr, xn_ptr, rows, rmask, outs, dim, eps, BLOCK_M, BLOCK_N, BLOCK_D, SPLITS2,
+                 PRENORM)  # fmt: skip
 
 
 @triton.jit

@@ -10,8 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _normed, _row_stats
-from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm
+from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _norm_rows_if_last, _normed, _row_stats
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, _split_is_last, _split_sum
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous
 
 
@@ -82,3 +82,49 @@ def _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim):
     tl.store(
         h_ptr + rows[:, None] * ffn_dim + hid[None, :], h, mask=rmask[:, None] & (hid < ffn_dim)[None, :]
     )
+
+
+@triton.jit
+def _linear_tail(
+    acc, out_ptr, part_ptr, count_ptr, tile, split, rcount_ptr, row_block, n_tiles, res_ptr, bias_ptr, nw_ptr,
+    nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, NORM: tl.constexpr,
+):  # fmt: skip
+    # a bias-free linear's tile [BLOCK_M, BLOCK_N] (fp32) to out: at once (SPLITS 1), or this split's partial
+    # and, in the tile's last split to arrive, their fixed-order sum; NORM: then, in the row block's last
+    # tile (of n_tiles), dst = LN(res + rnd(out + bias)) (`_norm_rows_if_last`)
+    offs, mask = rows[:, None] * n_out + outs[None, :], rmask[:, None] & (outs < n_out)[None, :]
+    if SPLITS == 1:
+        tl.store(out_ptr + offs, acc, mask=mask)
+        if NORM:
+            _norm_rows_if_last(rcount_ptr, row_block, n_tiles, res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr,
+                               rows, rmask, n_out, eps, BLOCK_D)  # fmt: skip
+    elif _split_is_last(acc, part_ptr, count_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS):
+        tl.store(out_ptr + offs, _split_sum(part_ptr, count_ptr, tile, BLOCK_M, BLOCK_N, SPLITS), mask=mask)
+        if NORM:
+            _norm_rows_if_last(rcount_ptr, row_block, n_tiles, res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr,
+                               rows, rmask, n_out, eps, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _ffn1_tail(
+    acc, part_ptr, count_ptr, tile, split, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim, ready_ptr,
+    BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, SPLITS: tl.constexpr, SIGNAL: tl.constexpr,
+):  # fmt: skip
+    # ffn1's tile: h = relu(rnd(acc + b1)) stored at once (SPLITS 1), or by the tile's last split to arrive
+    # from the partials' fixed-order sum; SIGNAL: the program that stored h then adds 1 to ready_ptr
+    # (release: the ticketed FFN's ffn2 tiles wait on it)
+    if SPLITS == 1:
+        _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim)
+        _signal_stored(ready_ptr, SIGNAL)
+    elif _split_is_last(acc, part_ptr, count_ptr, tile, split, BLOCK_M, BLOCK_F, SPLITS):
+        _ffn1_out(_split_sum(part_ptr, count_ptr, tile, BLOCK_M, BLOCK_F, SPLITS), b1_ptr, h_ptr, rows, rmask, hid,
+                  ffn_dim)  # fmt: skip
+        _signal_stored(ready_ptr, SIGNAL)
+
+
+@triton.jit
+def _signal_stored(ready_ptr, SIGNAL: tl.constexpr):
+    if SIGNAL:
+        tl.debug_barrier()  # every thread's part of the tile is stored before the counter says so
+        tl.atomic_add(ready_ptr, 1, sem="release")

@@ -38,10 +38,15 @@ from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, tic
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
-from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import _a_chunk, _ffn1_out, _normed_dot, _w_chunk
+from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
+    _a_chunk,
+    _ffn1_tail,
+    _linear_tail,
+    _normed_dot,
+    _w_chunk,
+)
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     _keeps,
-    _norm_rows_if_last,
     row_block_counters,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
@@ -124,7 +129,7 @@ def _linear_kernel(
     split = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask, omask = rows < n_rows, outs < n_out
+    rmask = rows < n_rows
     k_lo = split * k_span
     ks = k_lo + tl.arange(0, BLOCK_K)
     w = _w_chunk(w_ptr, outs, n_out, ks, n_in)  # the peeled first chunk's weights before the wait
@@ -133,22 +138,10 @@ def _linear_kernel(
     for k0 in range(k_lo + BLOCK_K, tl.minimum(n_in, k_lo + k_span), BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), _w_chunk(w_ptr, outs, n_out, ks, n_in), acc, IEEE)
-    offs, mask = rows[:, None] * n_out + outs[None, :], rmask[:, None] & omask[None, :]
-    if SPLITS == 1:
-        tl.store(out_ptr + offs, acc, mask=mask)
-        if NORM:
-            _norm_rows_if_last(rcount_ptr, tl.program_id(1), tl.num_programs(0), res_ptr, out_ptr, bias_ptr,
-                               nw_ptr, nb_ptr, dst_ptr, rows, rmask, n_out, eps, BLOCK_D)  # fmt: skip
-    else:
-        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if _split_is_last(acc, part_ptr, gcount_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS):
-            tl.store(
-                out_ptr + offs, _split_sum(part_ptr, gcount_ptr, tile, BLOCK_M, BLOCK_N, SPLITS), mask=mask
-            )
-            if NORM:
-                _norm_rows_if_last(rcount_ptr, tl.program_id(1), tl.num_programs(0), res_ptr, out_ptr,
-                                   bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, n_out, eps,
-                                   BLOCK_D)  # fmt: skip
+    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    _linear_tail(acc, out_ptr, part_ptr, gcount_ptr, tile, split, rcount_ptr, tl.program_id(1), tl.num_programs(0),
+                 res_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, BLOCK_M, BLOCK_N,
+                 BLOCK_D, SPLITS, NORM)  # fmt: skip
 
 
 @triton.jit
@@ -170,13 +163,9 @@ def _ffn1_kernel(
         hid, ffn_dim, dim, eps, k_lo, tl.minimum(dim, k_lo + k_span), PRENORM, BLOCK_M, BLOCK_F, BLOCK_K,
         BLOCK_D, IEEE, PDL, h_ptr.dtype.element_ty,
     )  # fmt: skip
-    if SPLITS == 1:
-        _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim)
-    else:
-        tile = tl.program_id(1) * tl.num_programs(0) + pid
-        if _split_is_last(acc, part_ptr, gcount_ptr, tile, split, BLOCK_M, BLOCK_F, SPLITS):
-            _ffn1_out(_split_sum(part_ptr, gcount_ptr, tile, BLOCK_M, BLOCK_F, SPLITS), b1_ptr, h_ptr, rows,
-                      rmask, hid, ffn_dim)  # fmt: skip
+    tile = tl.program_id(1) * tl.num_programs(0) + pid
+    _ffn1_tail(acc, part_ptr, gcount_ptr, tile, split, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim, gcount_ptr,
+               BLOCK_M, BLOCK_F, SPLITS, False)  # fmt: skip
 
 
 @triton.jit
