@@ -1,8 +1,9 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA instruction, so a config is fixed
-per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not depend
-on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
+Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA
+instruction, so a config is fixed per model shape and never chosen by the batch size or the KV bucket
+(a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a
+GPU; CONFIGS holds the winners.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA instruction:
-    fixed per model shape, never chosen by the batch size or the bucket."""
+    Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA
+    instruction: fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
     block_n: int = 32
@@ -83,8 +84,10 @@ class MmaConfig:
 # attention programs walk 8 tiles of 128 slots (a whole 1,024-slot bucket in one program: no partials,
 # no merge); QKV, FFN1 and FFN2 split K in 2, 2 and 4 fixed parts; each layer's norm once a row
 # (prenorm); PDL off (slower for this stack on the H200). The fused FFN (ffn_slices 4-32) was slower:
-# 1,753-2,275 us at 64 rows. attn_out (session 12, t2s_rows_probe_h200.json): 64 rows 1,149 -> 1,125 us at
+# 1,753-2,275 us at 64 rows. attn_out (session 12, t2s_rows_probe_h200_f16374d.json): 64 rows 1,149 -> 1,125 us at
 # KV length 480; closed loop 1-64 streams +1.5-8%, 128 streams -6.5% (t2s_batch_triton_h200*.json).
+# Session 13 (t2s_rows_probe_h200.json, t2s_layer_mmagrid_attnout_h200.json): ffn_tickets (1,127 -> 1,173 us at
+# 64 rows, KV 480) and pdl_late (1,335-1,343 us) slower; a grid from this entry finds no faster single change.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,

@@ -189,15 +189,15 @@ def _head_kernel(
 
 @dataclass
 class Scratch:
-    """Buffers the kernels hand to each other, [B, D] unless noted: q, x_attn (a layer's input),
-    x_ffn (LN1's output), attn (merged heads), model dtype; out_attn, out_ffn (bias-free linear
-    outputs, fp32); h [B, F] (the FFN's hidden units; [1, F], unused, with ffn_slices); count [B, H] int32; the attention blocks'
-    partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32); the split GEMMs' partials
-    gemm_part (fp32; also the fused FFN's slice partials) and their per-tile counters gemm_count (int32,
-    zero between kernels); with
-    prenorm, row_count: int32 per row block (zero between kernels), the out-proj / ffn2 normalisers'; with
-    attn_out, out_part [B, H, D] fp32 (each head's share of the out-projection) and out_count [B] int32,
-    zero between kernels (one-element placeholders without it)."""
+    """Buffers the kernels hand to each other, [B, D] unless noted: q, x_attn (a layer's input), x_ffn
+    (LN1's output), attn (merged heads), model dtype; out_attn, out_ffn (bias-free linear outputs, fp32);
+    h [B, F] (the FFN's hidden units; [1, F], unused, with ffn_slices); count [B, H] int32; the attention
+    blocks' partials m, l [B * H * splits] and part [B * H * splits, DH] (fp32); the split GEMMs'
+    partials gemm_part (fp32; also the fused FFN's slice partials) and their per-tile counters gemm_count
+    (int32, zero between kernels); with prenorm, row_count: int32 per row block (zero between kernels),
+    the out-proj / ffn2 normalisers'; with attn_out, out_part [B, H, D] fp32 (each head's share of the
+    out-projection) and out_count [B] int32, zero between kernels (one-element placeholders without it);
+    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters)."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
