@@ -1,4 +1,8 @@
-"""Compile the many-row T2S stack's kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
+"""Compile the T2S step's Triton kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
+
+The many-row stack (the v3 table's config, PDL early and late, the ticketed FFN), the one-row stack
+(its table's config, one and four rows a program, layer 0 gathering the embedding or not) and the
+per-row noise.
 
 Run by `test_kernels_compile_sm90.py` in a process of its own (the CPU tests import these modules under
 TRITON_INTERPRET=1, where `triton.jit` gives interpreted functions that do not compile). Prints one line
@@ -14,24 +18,33 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from voicehub.runtime.kernels import row_noise_triton as noise
 from voicehub.runtime.kernels import t2s_ffn_ticket_triton as ticket
 from voicehub.runtime.kernels import t2s_layer_mma_attention_triton as attention
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mma
+from voicehub.runtime.kernels import t2s_layer_triton as one_row
 
 DIM, FFN_DIM, N_HEAD, VOCAB = 512, 2048, 16, 1025  # v3's T2S
+ONE_ROW_SLOTS = 2048  # the single-stream decoder's cache (max_seq_len): the attention merge's shape
 FP32_PTRS = {"out_ptr", "o_ptr", "part_ptr", "part1_ptr", "part2_ptr", "m_ptr", "l_ptr", "opart_ptr"}
 INT32_PTRS = {"count_ptr", "gcount_ptr", "rcount_ptr", "count1_ptr", "count2_ptr", "sync_ptr"}
+# lengths; the one-row stack's fixed-point accumulators and token inputs; the noise's seeds and keys
+INT64_PTRS = {"len_ptr", "acc_ptr", "acc_attn_ptr", "acc_ffn_ptr", "tok_ptr", "pos_ptr", "lo_ptr", "hi_ptr",
+              "step_ptr", "vocab_ptr"}  # fmt: skip
 FLOATS = {"eps", "scale"}
 
 
-def signature(fn, constexprs: dict) -> dict:
-    """Triton's signature of `fn` as the stages call it (fp16 model, fp32 partials, int32 counters)."""
+def signature(fn, constexprs: dict, overrides: dict) -> dict:
+    """Triton's signature of `fn` as the stages call it: fp16 model tensors, fp32 partials, int32
+    counters, int64 lengths, accumulators and seeds; `overrides` where a name means another type."""
 
     def kind(name: str) -> str:
         if name in constexprs:
             return "constexpr"
+        if name in overrides:
+            return overrides[name]
         if name.endswith("_ptr"):
-            if name == "len_ptr":
+            if name in INT64_PTRS:
                 return "*i64"
             return "*i32" if name in INT32_PTRS else ("*fp32" if name in FP32_PTRS else "*fp16")
         return "fp32" if name in FLOATS else "i32"
@@ -39,8 +52,8 @@ def signature(fn, constexprs: dict) -> dict:
     return {name: kind(name) for name in inspect.signature(fn.fn).parameters}
 
 
-def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int) -> None:
-    src = ASTSource(fn=fn, signature=signature(fn, constexprs), constexprs=constexprs)
+def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, **overrides: str) -> None:
+    src = ASTSource(fn=fn, signature=signature(fn, constexprs, overrides), constexprs=constexprs)
     kernel = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
@@ -71,6 +84,25 @@ def main() -> None:
                  dict(BLOCK_M=base.block_m, BLOCK_F=base.ffn_block, BLOCK_N=base.block_n, BLOCK_K=base.block_k,
                       BLOCK_D=DIM, SPLITS1=base.ffn1_splits, SPLITS2=base.ffn2_splits, IEEE=False, PDL=0,
                       PRENORM=base.prenorm), base.gemm_warps, base.gemm_stages)  # fmt: skip
+
+    one = one_row.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
+    pdl = 1 if one.pdl else 0
+    head_dim, block_d = DIM // N_HEAD, DIM
+    for rows in (1, one.rows_per_program):
+        for first, embed in ((True, True), (True, False), (False, False)):
+            compile_sm90(one_row._qkv_kernel, dict(N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=head_dim, FIRST=first,
+                                                   EMBED=embed, BLOCK_N=one.qkv_block, BLOCK_D=block_d,
+                                                   ROWS=rows, PDL=pdl), one.qkv_warps, 3)  # fmt: skip
+        compile_sm90(one_row._ffn_kernel, dict(BLOCK_F=one.ffn_block, BLOCK_D=block_d, ROWS=rows, PDL=pdl),
+                     one.ffn_warps, 3)  # fmt: skip
+        # the one-row head stores the logits in the model dtype
+        compile_sm90(one_row._head_kernel, dict(BLOCK_N=one.head_block, BLOCK_D=block_d, ROWS=rows, PDL=pdl),
+                     one.head_warps, 3, out_ptr="*fp16")  # fmt: skip
+    compile_sm90(one_row._attention_kernel,
+                 dict(N_HEAD=N_HEAD, HEAD_DIM=head_dim, DH=head_dim, BLOCK_S=one.attn_block, BLOCK_D=block_d, PDL=pdl,
+                      SPLITS=triton.next_power_of_2(triton.cdiv(ONE_ROW_SLOTS, one.attn_block))),
+                 one.attn_warps, 3)  # fmt: skip
+    compile_sm90(noise._row_noise_kernel, dict(BLOCK=noise.BLOCK_V), 4, 3)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The many-row T2S kernels compile for Hopper (sm_90) on a machine without a GPU.
+"""The T2S step's Triton kernels compile for Hopper (sm_90) on a machine without a GPU.
 
 The CPU tests run these kernels in Triton's interpreter, which skips the compiler: it accepts what a
 compiled kernel refuses (a plain Python global read inside a kernel, session 13's first GPU run of the
-ticketed FFN) and never reaches ptxas. `compile_sm90.py` compiles each kernel with the v3 table's
-config (and PDL early / late, and the ticketed FFN) through Triton's front end and ptxas, in a process
-of its own (this session's other tests import the modules interpreted).
+ticketed FFN) and never reaches ptxas. `compile_sm90.py` compiles each kernel of the many-row stack
+(the v3 table's config, PDL early / late, the ticketed FFN), of the one-row stack and the per-row noise
+through Triton's front end and ptxas, in a process of its own (the other tests import the modules
+interpreted).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 
-def test_many_row_kernels_compile_for_sm90_without_a_gpu():
+def test_step_kernels_compile_for_sm90_without_a_gpu():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed (pip install triton): the kernels' compile is untested here")
     if importlib.util.find_spec("triton.backends.nvidia") is None:
@@ -28,5 +29,6 @@ def test_many_row_kernels_compile_for_sm90_without_a_gpu():
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
-    # three launch-order variants x (two qkv, attention, ffn1, ffn2, head) and the ticketed FFN
-    assert len(lines) == 3 * 6 + 1 and all("B shared" in line for line in lines), proc.stdout
+    # many rows: three launch-order variants x (two qkv, attention, ffn1, ffn2, head), the ticketed FFN;
+    # one row: 1 and 4 rows a program x (three qkv, ffn, head), attention; the noise
+    assert len(lines) == 3 * 6 + 1 + 2 * 5 + 1 + 1 and all("B shared" in line for line in lines), proc.stdout
