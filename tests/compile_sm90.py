@@ -1,8 +1,8 @@
 """Compile the T2S step's Triton kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
 
-The many-row stack (the v3 table's config, PDL early and late, the ticketed FFN), the one-row stack
-(its table's config, one and four rows a program, layer 0 gathering the embedding or not) and the
-per-row noise.
+The many-row stack (the v3 table's config; PDL early and late on one kernel; the ticketed FFN), the
+one-row stack (its table's config at one row, layer 0 gathering the embedding or not) and the per-row
+noise.
 
 Run by `test_kernels_compile_sm90.py` in a process of its own (the CPU tests import these modules under
 TRITON_INTERPRET=1, where `triton.jit` gives interpreted functions that do not compile). Prints one line
@@ -11,7 +11,6 @@ a kernel; any compile error raises.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import triton
@@ -61,47 +60,46 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, **overri
 
 
 def main() -> None:
-    base = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
-    variants = [base, dataclasses.replace(base, pdl=True), dataclasses.replace(base, pdl=True, pdl_late=True)]
-    for cfg in variants:
-        pdl = 0 if not cfg.pdl else (2 if cfg.pdl_late else 1)
-        gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=pdl)
-        warps, stages = cfg.gemm_warps, cfg.gemm_stages
-        for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)
-            compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, RAW=raw,
-                                               STORED=stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits),
-                         warps, stages)  # fmt: skip
-        compile_sm90(attention._attention_kernel,
-                     dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
-                          TILES=cfg.attn_tiles, SPLITS=1, PDL=pdl, OUT=cfg.attn_out, BLOCK_D=DIM,
-                          BLOCK_O=attention.ATTN_OUT_BLOCK), cfg.attn_warps, 3)  # fmt: skip
-        compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
+    # one compile a kernel and path (ptxas is most of the ~2-3 s each): the v3 table's config, and the
+    # linear kernel with PDL early and late (the two branches of `_await_previous`)
+    cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
+    gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
+    warps, stages = cfg.gemm_warps, cfg.gemm_stages
+    for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)
+        compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, RAW=raw,
+                                           STORED=stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits),
                      warps, stages)  # fmt: skip
-        compile_sm90(mma._linear_kernel, dict(gemm, BLOCK_N=cfg.block_n, SPLITS=cfg.ffn2_splits, NORM=cfg.prenorm),
-                     warps, stages)  # fmt: skip
-        compile_sm90(mma._head_kernel, dict(gemm, BLOCK_N=cfg.block_n, PRENORM=cfg.prenorm), warps, stages)
+    compile_sm90(attention._attention_kernel,
+                 dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
+                      TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
+                      BLOCK_O=attention.ATTN_OUT_BLOCK), cfg.attn_warps, 3)  # fmt: skip
+    compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
+                 warps, stages)  # fmt: skip
+    for pdl in (0, 1, 2):
+        compile_sm90(mma._linear_kernel, dict(gemm, BLOCK_N=cfg.block_n, SPLITS=cfg.ffn2_splits, NORM=cfg.prenorm,
+                                              PDL=pdl), warps, stages)  # fmt: skip
+    compile_sm90(mma._head_kernel, dict(gemm, BLOCK_N=cfg.block_n, PRENORM=cfg.prenorm), warps, stages)
     compile_sm90(ticket._ffn_ticket_kernel,
-                 dict(BLOCK_M=base.block_m, BLOCK_F=base.ffn_block, BLOCK_N=base.block_n, BLOCK_K=base.block_k,
-                      BLOCK_D=DIM, SPLITS1=base.ffn1_splits, SPLITS2=base.ffn2_splits, IEEE=False, PDL=0,
-                      PRENORM=base.prenorm), base.gemm_warps, base.gemm_stages)  # fmt: skip
+                 dict(BLOCK_M=cfg.block_m, BLOCK_F=cfg.ffn_block, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                      BLOCK_D=DIM, SPLITS1=cfg.ffn1_splits, SPLITS2=cfg.ffn2_splits, IEEE=False, PDL=0,
+                      PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
 
+    # the one-row stack at one row (a single stream), PDL as its table says; qkv: layer 0 gathering the
+    # embedding, layer 0 given x, a later layer
     one = one_row.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
-    pdl = 1 if one.pdl else 0
-    head_dim, block_d = DIM // N_HEAD, DIM
-    for rows in (1, one.rows_per_program):
-        for first, embed in ((True, True), (True, False), (False, False)):
-            compile_sm90(one_row._qkv_kernel, dict(N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=head_dim, FIRST=first,
-                                                   EMBED=embed, BLOCK_N=one.qkv_block, BLOCK_D=block_d,
-                                                   ROWS=rows, PDL=pdl), one.qkv_warps, 3)  # fmt: skip
-        compile_sm90(one_row._ffn_kernel, dict(BLOCK_F=one.ffn_block, BLOCK_D=block_d, ROWS=rows, PDL=pdl),
-                     one.ffn_warps, 3)  # fmt: skip
-        # the one-row head stores the logits in the model dtype
-        compile_sm90(one_row._head_kernel, dict(BLOCK_N=one.head_block, BLOCK_D=block_d, ROWS=rows, PDL=pdl),
-                     one.head_warps, 3, out_ptr="*fp16")  # fmt: skip
+    common = dict(BLOCK_D=DIM, PDL=1 if one.pdl else 0)
+    for first, embed in ((True, True), (True, False), (False, False)):
+        compile_sm90(one_row._qkv_kernel, dict(common, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD,
+                                               FIRST=first, EMBED=embed, BLOCK_N=one.qkv_block, ROWS=1),
+                     one.qkv_warps, 3)  # fmt: skip
     compile_sm90(one_row._attention_kernel,
-                 dict(N_HEAD=N_HEAD, HEAD_DIM=head_dim, DH=head_dim, BLOCK_S=one.attn_block, BLOCK_D=block_d, PDL=pdl,
+                 dict(common, N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=one.attn_block,
                       SPLITS=triton.next_power_of_2(triton.cdiv(ONE_ROW_SLOTS, one.attn_block))),
                  one.attn_warps, 3)  # fmt: skip
+    compile_sm90(one_row._ffn_kernel, dict(common, BLOCK_F=one.ffn_block, ROWS=1), one.ffn_warps, 3)
+    # the one-row head stores the logits in the model dtype
+    compile_sm90(one_row._head_kernel, dict(common, BLOCK_N=one.head_block, ROWS=1), one.head_warps, 3,
+                 out_ptr="*fp16")  # fmt: skip
     compile_sm90(noise._row_noise_kernel, dict(BLOCK=noise.BLOCK_V), 4, 3)
 
 
