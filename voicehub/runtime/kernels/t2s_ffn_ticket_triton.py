@@ -27,14 +27,14 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_layer import LayerWeights
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
-    _a_chunk,
+    _a_dot,
     _ffn1_tail,
     _linear_tail,
     _normed_dot,
     _w_chunk,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _keeps
-from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, k_span
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import k_span
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch
 
 if TYPE_CHECKING:
@@ -46,6 +46,12 @@ _TICKET, _DONE, _READY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
+def _unravel(i, n_middle, n_inner):
+    # i -> (outer, middle, inner), inner fastest: a ticket's (row block, ..., ...)
+    return i // (n_middle * n_inner), (i // n_inner) % n_middle, i % n_inner
+
+
+@triton.jit
 def _ffn1_tile(
     t, xa_ptr, o_ptr, bo_ptr, n1w_ptr, n1b_ptr, w1_ptr, b1_ptr, xf_ptr, h_ptr, part_ptr, count_ptr, ready_ptr,
     n_rows, dim, ffn_dim, eps, span1, span2, f_tiles,
@@ -54,9 +60,7 @@ def _ffn1_tile(
 ):  # fmt: skip
     # ticket t < n1: ffn1's tile (row block, hidden tile f, split) as `_ffn1_kernel` computes it; the
     # program that stores h counts on ready[row block, the ffn2 split holding hidden units f * BLOCK_F..]
-    split = t % SPLITS1
-    f = (t // SPLITS1) % f_tiles
-    rb = t // (SPLITS1 * f_tiles)
+    rb, f, split = _unravel(t, f_tiles, SPLITS1)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_rows
     hid = f * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -80,9 +84,7 @@ def _ffn2_tile(
 ):  # fmt: skip
     # ffn2's tile u (row block, split, output tile c) as `_linear_kernel` computes it, once its K range
     # of h is stored
-    c = u % n_tiles
-    split = (u // n_tiles) % SPLITS2
-    rb = u // (n_tiles * SPLITS2)
+    rb, split, c = _unravel(u, SPLITS2, n_tiles)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = c * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_rows
@@ -96,12 +98,9 @@ def _ffn2_tile(
     while seen < need:
         seen = tl.atomic_add(ready, 0, sem="acquire")
     tl.debug_barrier()  # no thread reads h before the counter said it is stored
-    acc = _mm(_a_chunk(h_ptr, rows, rmask, ks, ffn_dim), w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        acc = _mm(
-            _a_chunk(h_ptr, rows, rmask, ks, ffn_dim), _w_chunk(w2_ptr, outs, dim, ks, ffn_dim), acc, IEEE
-        )
+    acc = _a_dot(
+        h_ptr, w2_ptr, w, rows, rmask, outs, dim, ffn_dim, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, IEEE
+    )
     _linear_tail(acc, out_ptr, part_ptr, count_ptr, rb * n_tiles + c, split, rcount_ptr, rb, n_tiles, xf_ptr, b2_ptr,
                  n2w_ptr, n2b_ptr, xn_ptr, rows, rmask, outs, dim, eps, BLOCK_M, BLOCK_N, BLOCK_D, SPLITS2,
                  PRENORM)  # fmt: skip

@@ -75,6 +75,21 @@ def _a_chunk(a_ptr, rows, rmask, ks, n_in):
 
 
 @triton.jit
+def _a_dot(
+    a_ptr, w_ptr, w, rows, rmask, outs, n_out, n_in, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    # [BLOCK_M, BLOCK_N] fp32 = a[rows, k_lo:k_hi] @ W[outs, k_lo:k_hi]^T; w: the first chunk's weights,
+    # loaded by the caller (before it waits for a's producer)
+    ks = k_lo + tl.arange(0, BLOCK_K)
+    acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), _w_chunk(w_ptr, outs, n_out, ks, n_in), acc, IEEE)
+    return acc
+
+
+@triton.jit
 def _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim):
     dtype = h_ptr.dtype.element_ty
     b1 = tl.load(b1_ptr + hid, mask=hid < ffn_dim, other=0.0).to(tl.float32)

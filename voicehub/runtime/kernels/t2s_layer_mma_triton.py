@@ -39,7 +39,7 @@ from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
-    _a_chunk,
+    _a_dot,
     _ffn1_tail,
     _linear_tail,
     _normed_dot,
@@ -50,7 +50,6 @@ from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     row_block_counters,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
-    _mm,
     _split_is_last,
     _split_sum,
     k_span,
@@ -134,10 +133,8 @@ def _linear_kernel(
     ks = k_lo + tl.arange(0, BLOCK_K)
     w = _w_chunk(w_ptr, outs, n_out, ks, n_in)  # the peeled first chunk's weights before the wait
     _await_previous(PDL)
-    acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), w, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
-    for k0 in range(k_lo + BLOCK_K, tl.minimum(n_in, k_lo + k_span), BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        acc = _mm(_a_chunk(a_ptr, rows, rmask, ks, n_in), _w_chunk(w_ptr, outs, n_out, ks, n_in), acc, IEEE)
+    acc = _a_dot(a_ptr, w_ptr, w, rows, rmask, outs, n_out, n_in, k_lo, tl.minimum(n_in, k_lo + k_span), BLOCK_M,
+                 BLOCK_N, BLOCK_K, IEEE)  # fmt: skip
     tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     _linear_tail(acc, out_ptr, part_ptr, gcount_ptr, tile, split, rcount_ptr, tl.program_id(1), tl.num_programs(0),
                  res_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, BLOCK_M, BLOCK_N,
