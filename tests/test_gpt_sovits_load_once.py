@@ -32,9 +32,9 @@ def warm_ups(monkeypatch) -> list[str]:
     calls: list[str] = []
     warm_voice = model_module.warm_voice
 
-    def counting(pipe, voice, *args, **kwargs):
+    def counting(pipe, voice, *timeline):
         calls.append(pipe.model_id)
-        return warm_voice(pipe, voice, *args, **kwargs)
+        return warm_voice(pipe, voice, *timeline)
 
     monkeypatch.setattr(model_module, "warm_voice", counting)
     return calls

@@ -10,9 +10,8 @@ calls, no capture).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,34 +20,6 @@ import torch
 from voicehub.runtime.graph_presets import GraphPreset, parse_graph_preset
 
 __all__ = ["BucketedGraphRunner", "GraphPreset", "parse_graph_preset"]
-
-
-# capture_begin / capture_end register the graph with the generators' states (the process's default CUDA
-# generator always), C++ state that is not safe to change from two threads at once: one at a time.
-_REGISTRATION_LOCK = threading.Lock()
-_STREAMS_LOCK = threading.Lock()
-_streams_in_use: set[tuple[int, int]] = set()  # (device index, stream id) of the side streams held now
-
-
-@contextmanager
-def _capture_stream(device: torch.device) -> Iterator[torch.cuda.Stream]:
-    """A side stream for one capture and its warm-ups that no other capture holds meanwhile: torch hands its
-    pooled streams out round-robin, and a second thread's launches on a stream being captured would join
-    that graph."""
-    with _STREAMS_LOCK:
-        for _ in range(64):
-            stream = torch.cuda.Stream(device)
-            key = (stream.device_index, stream.stream_id)
-            if key not in _streams_in_use:
-                _streams_in_use.add(key)
-                break
-        else:  # every pooled stream held: more threads capturing at once than torch has streams
-            raise RuntimeError(f"no free CUDA stream for a graph capture on {device}")
-    try:
-        yield stream
-    finally:
-        with _STREAMS_LOCK:
-            _streams_in_use.discard(key)
 
 
 @dataclass
@@ -144,32 +115,17 @@ class BucketedGraphRunner:
         return len(self._graphs)
 
     def _capture(self, bucket: Hashable) -> _Captured:
-        # The warm-ups and the capture on one side stream that no other capture holds, ordered after the
-        # caller's work and before its next. Not `torch.cuda.graph`: its entry synchronizes the device and
-        # empties the allocator's cache, which fails a capture that another thread runs at the same time
-        # (the load captures the T2S graphs on its runtime thread while the main thread captures the
-        # acoustic ones), and it captures in `global` mode, which forbids the other thread's allocations.
-        # What the capture allocates comes from this runner's private pool whatever the general pool holds.
-        current = torch.cuda.current_stream(self.device)
-        with _capture_stream(self.device) as side:
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                with self.preserve():
-                    for _ in range(self.warmup_calls):
-                        self.step(bucket)
-                graph = torch.cuda.CUDAGraph()
-                with _REGISTRATION_LOCK:
-                    for gen in self.generators:
-                        graph.register_generator_state(gen)
-                    graph.capture_begin(
-                        *(() if self._pool is None else (self._pool,)), capture_error_mode="thread_local"
-                    )
-                try:
-                    outputs = self.step(bucket)
-                finally:
-                    with _REGISTRATION_LOCK:
-                        graph.capture_end()
-            current.wait_stream(side)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), self.preserve():
+            for _ in range(self.warmup_calls):
+                self.step(bucket)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for gen in self.generators:
+            graph.register_generator_state(gen)
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.step(bucket)
         if self._pool is None:
             self._pool = graph.pool()
         captured = _Captured(graph, outputs)

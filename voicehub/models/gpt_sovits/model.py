@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,38 +96,20 @@ def build_pipeline(
     frontend: the text frontend to use (default: `build_frontend(files)`, pypinyin polyphones).
     cuda_graph_preset: full/minimal/lazy decode T2S through graphs on CUDA; off keeps the eager path.
     capture_graphs: False leaves the graph decoder uncaptured (see `build_t2s_decoder`).
-    timeline: where each file's load is timed (`weights.t2s`, the others' `weights_thread.*`).
+    timeline: where each file's load is timed (`weights.*` phases).
     """
     phase = (timeline if timeline is not None else LoadTimeline()).phase
-
-    def loaded(name: str, load: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            with phase(f"weights_thread.{name}", sync=False):
-                return load()
-
-        return run
-
-    # The T2S file on this thread, the others on threads beside it: each is mostly file reads and copies
-    # to the device (outside the interpreter lock) around a little Python. The first error propagates
-    # once every read has ended.
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="voicehub-weights") as pool:
-        jobs = {
-            # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
-            "sovits": lambda: load_sovits_v3(
-                files.sovits, base_path=files.sovits_base, device=device, dtype=dtype
-            ),
-            "bigvgan": lambda: load_bigvgan(files.bigvgan, device=device, dtype=dtype),
-            "hubert": lambda: HubertEncoder.from_folder(files.hubert, device, dtype),
-            "bert": lambda: BertFeatureExtractor.from_folder(files.bert, device, dtype),
-        }
-        futures = {name: pool.submit(loaded(name, load)) for name, load in jobs.items()}
-        try:
-            with phase("weights.t2s"):
-                t2s, t2s_config = load_t2s(files.gpt, device, dtype)
-        finally:
-            wait(futures.values())
-        with phase("wait_weights"):
-            sovits, vocoder, hubert, bert = (futures[name].result() for name in jobs)
+    with phase("weights.t2s"):
+        t2s, t2s_config = load_t2s(files.gpt, device, dtype)
+    with phase("weights.sovits"):
+        # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
+        sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base, device=device, dtype=dtype)
+    with phase("weights.bigvgan"):
+        vocoder = load_bigvgan(files.bigvgan, device=device, dtype=dtype)
+    with phase("weights.hubert"):
+        hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
+    with phase("weights.bert"):
+        bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
     frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
     with phase("t2s_decoder_build"):
@@ -141,11 +123,10 @@ def build_pipeline(
 
 
 def _sync_if_initialized(device: torch.device) -> None:
-    """Wait for the calling thread's queue on `device` once CUDA is initialised (before: nothing queued).
-    Its current stream, not the device: a device-wide synchronize fails a graph capture that another
-    thread of the load runs meanwhile."""
+    """Wait for `device`'s queue once CUDA is initialised (before: nothing queued; its own device, since a
+    bare synchronize() waits for the current device, cuda:0, and makes a context there)."""
     if torch.cuda.is_initialized():
-        torch.cuda.current_stream(device).synchronize()
+        torch.cuda.synchronize(device)
 
 
 class GptSovitsModel(TTSModel):
@@ -270,26 +251,24 @@ class GptSovitsModel(TTSModel):
         # the weights load (mostly Python against mostly I/O and copies), and the same thread then reads
         # what only some text needs while the main thread goes on; a load-time optimization config is
         # applied before the T2S graphs are captured and before anything runs, so its kernels are the
-        # ones captured and warmed up; then the default voice warms up while the runtime thread captures
-        # the T2S graphs (captures from two threads at once: cuda_graphs.py). `warm_up_info["load"]` keeps the
-        # timeline: each phase's seconds (main thread; the text, runtime and weight threads' `text_thread.*`,
-        # `runtime_thread.*` and `weights_thread.*`, which overlap it).
+        # ones captured and warmed up; then the default voice warms up. `warm_up_info["load"]` keeps the
+        # timeline: each phase's seconds (main thread; the text and runtime threads' `text_thread.*` and
+        # `runtime_thread.*`, which overlap it).
         cuda = self.device.type == "cuda"
-        # A phase syncs its thread's stream only once the runtime thread has made the context (waiting
+        # A main-thread phase syncs the GPU only once the runtime thread has made the context (waiting
         # for it there would bill the context to whichever phase ended first).
         timeline = LoadTimeline(sync=(lambda: _sync_if_initialized(self.device)) if cuda else None)
         voice = self._load_time_voice()
-        # One runtime thread: the CUDA context, beside the weight reads (its errors surface after the
-        # pipeline is built), then the T2S graphs, beside the voice's warm-up.
+        # One runtime thread: the CUDA context, beside the weight reads. Its errors surface after the
+        # pipeline is built.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-runtime-warm-up") as runtime:
             runtime_jobs = [runtime.submit(warm_cuda, self.device, timeline)] if cuda else []
-            self._load_with_text_thread(timeline, voice, runtime_jobs, runtime)
+            self._load_with_text_thread(timeline, voice, runtime_jobs)
 
     def _load_with_text_thread(
-        self, timeline: LoadTimeline, voice: Voice | None, runtime_jobs: list[Future], runtime: Executor
+        self, timeline: LoadTimeline, voice: Voice | None, runtime_jobs: list[Future]
     ) -> None:
         pending = getattr(self, PENDING_ATTR, None)  # a load-time config, applied by _load_pipeline
-        t2s_graphs: Future | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-text-warm-up") as pool:
             text = pool.submit(warm_text, self.frontend, *voice_languages(voice), timeline)
             # One worker: this runs after warm_text, so text.result() is there without waiting.
@@ -298,29 +277,16 @@ class GptSovitsModel(TTSModel):
                 warmed = self._load_pipeline(timeline, text)
                 for job in runtime_jobs:
                     job.result()
-                # The T2S graphs capture on the runtime thread (mostly Python launching Triton kernels)
-                # while this thread computes the voice's reference and captures the acoustic graphs (mostly
-                # cuDNN building plans, outside the interpreter lock); the warm chain waits for both.
-                t2s_graphs = runtime.submit(self._capture_t2s_graphs, timeline)
-                warmed.update(warm_voice(self._pipeline, voice, timeline, before_chain=t2s_graphs.result))
-                t2s_graphs.result()
+                warmed.update(warm_voice(self._pipeline, voice, timeline))
                 with timeline.phase("wait_text_deferred"):
                     warmed.update(deferred.result())
             except BaseException:
                 # Dropped if it has not started; once running (it starts ~0.3 s into the load, so
                 # usually), leaving the pool waits for it (~3 s) before the error propagates.
                 deferred.cancel()
-                if t2s_graphs is not None:
-                    wait([t2s_graphs])  # its error, if any, is the second one: the first propagates
                 self._drop_failed_pipeline(pending)
                 raise
         self.warm_up_info = {"load": {**warmed, **timeline.info()}}
-
-    def _capture_t2s_graphs(self, timeline: LoadTimeline) -> None:
-        pipe = self._pipeline
-        if pipe is not None and pipe.t2s_decoder is not None:
-            with timeline.phase("runtime_thread.t2s_graph_capture"):
-                capture_t2s_graphs(pipe.t2s_decoder, self.cuda_graph_preset)
 
     def _drop_failed_pipeline(self, pending: Any) -> None:
         """A load that fails after its pipeline was set (warm-up, a runtime-thread job) leaves nothing
@@ -335,8 +301,8 @@ class GptSovitsModel(TTSModel):
             setattr(self, PENDING_ATTR, pending)
 
     def _load_pipeline(self, timeline: LoadTimeline, text: Future) -> dict[str, Any]:
-        """Weights, the frontend from the text thread, a load-time optimization (before the T2S graphs are
-        captured, so its kernels are the ones captured); returns warm_text's report."""
+        """Weights, the frontend from the text thread, a load-time optimization, the T2S graphs; returns
+        warm_text's report."""
         pipe = build_pipeline(
             self.files,
             self.device,
@@ -356,6 +322,9 @@ class GptSovitsModel(TTSModel):
         except BaseException:
             self._pipeline = None  # a failed load-time config fails the load; the next use tries again
             raise
+        if pipe.t2s_decoder is not None:
+            with timeline.phase("t2s_graph_capture"):
+                capture_t2s_graphs(pipe.t2s_decoder, self.cuda_graph_preset)
         return warmed
 
     def _load_time_voice(self) -> Voice | None:

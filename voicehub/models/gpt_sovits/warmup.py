@@ -175,18 +175,9 @@ def warm_chain(pipe: Pipeline, voice: Voice, timeline: LoadTimeline) -> None:
             pass
 
 
-def warm_voice(
-    pipe: Pipeline,
-    voice: Voice | None,
-    timeline: LoadTimeline | None = None,
-    before_chain: Callable[[], Any] | None = None,
-) -> dict[str, Any]:
+def warm_voice(pipe: Pipeline, voice: Voice | None, timeline: LoadTimeline | None = None) -> dict[str, Any]:
     """The voice's reference into the cache, on CUDA the acoustic graphs the preset captures at load and
-    the chain; returns what was done and the seconds (each part also a `voice.*` phase of `timeline`).
-
-    before_chain: waited for before the chain runs (phase `voice.wait_t2s_graphs`): the load captures the
-    T2S graphs on another thread meanwhile.
-    """
+    the chain; returns what was done and the seconds (each part also a `voice.*` phase of `timeline`)."""
     t0 = time.perf_counter()
     timeline = timeline if timeline is not None else LoadTimeline()
     report: dict[str, Any] = {
@@ -204,8 +195,5 @@ def warm_voice(
             captured = pipe.acoustic_graphs.capture_at_load(prompt_frames, encoder=pipe.sovits)
         report["acoustic_graphs"] = {**captured, "seconds": time.perf_counter() - t1}
     if report["chain"]:
-        if before_chain is not None:
-            with timeline.phase("voice.wait_t2s_graphs", sync=False):
-                before_chain()
         warm_chain(pipe, voice, timeline)
     return {**report, "voice_s": time.perf_counter() - t0}
