@@ -94,6 +94,36 @@ def test_an_unwritable_cache_still_gives_the_table(tmp_path, monkeypatch, caplog
     assert cached_table("t", {"v": 1}, build) == {"a": "1"} and "could not keep" in caplog.text
 
 
+def test_a_marshal_table_is_built_once_then_read_and_keyed_by_python(cache):
+    import marshal
+
+    build, calls = counting({"word": 1.5, "other": 2.0})
+    assert cached_table("m", {"v": 1}, build, codec="marshal") == {"word": 1.5, "other": 2.0}
+    assert cached_table("m", {"v": 1}, build, codec="marshal") == {"word": 1.5, "other": 2.0} and calls == [1]
+    (path,) = (cache / "text").iterdir()
+    assert path.suffix == ".marshal"
+    stored = marshal.loads(path.read_bytes())
+    assert (
+        stored["key"]["python"]
+        == f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}-{marshal.version}"
+    )
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\x00\x01garbage", b"{"])
+def test_a_corrupt_marshal_file_is_rebuilt_and_said(cache, caplog, garbage):
+    build, calls = counting({"a": 1.0})
+    cached_table("m", {"v": 1}, build, codec="marshal")
+    (path,) = (cache / "text").iterdir()
+    path.write_bytes(garbage)
+    assert cached_table("m", {"v": 1}, build, codec="marshal") == {"a": 1.0} and calls == [1, 1]
+    assert "unreadable" in caplog.text
+
+
+def test_an_unknown_codec_is_refused(cache):
+    with pytest.raises(ValueError, match="codecs: json, marshal"):
+        cached_table("t", {"v": 1}, dict, codec="pickle")
+
+
 # -- the English frontend ------------------------------------------------------------------------------
 
 g2p = pytest.importorskip("voicehub.text.en.g2p")
@@ -175,3 +205,20 @@ def test_english_text_reads_neither_inflect_nor_nltk(cache):
     env = dict(os.environ, VOICEHUB_CACHE=str(cache))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
+def test_the_cached_word_segmenter_is_wordsegments_own(cache):
+    """The segmenter read from the marshal table (built on the first call, read on the second) has the
+    tables `wordsegment.load()` fills and splits as wordsegment does."""
+    wordsegment = pytest.importorskip("wordsegment")
+    library = wordsegment.Segmenter()
+    library.load()
+    for _ in range(2):
+        g2p._segmenter_tables.cache_clear()
+        ours = g2p._segmenter().__self__
+        assert (ours.unigrams, ours.bigrams, ours.words) == (library.unigrams, library.bigrams, library.words)
+        assert (ours.total, ours.limit) == (library.total, library.limit)
+    assert [p.suffix for p in (cache / "text").iterdir()] == [".marshal"]
+    for word in ("thequickbrownfox", "voicehubisfast", "openaiwhisper"):
+        assert g2p._segmenter()(word) == library.segment(word)
+    g2p._segmenter_tables.cache_clear()  # later tests read it from their own cache

@@ -7,8 +7,8 @@ run here in numpy from g2p_en's weight file. g2p_en itself is never imported: it
 download NLTK data. Without NLTK's POS tagger (not installable offline) a homograph takes its first
 reading, which is what upstream does for an empty tag.
 
-What only some text needs is read on first use: wordsegment's tables (~0.5 s) when an unknown word is
-split. `EnglishG2P.load_deferred` reads them up front (the model's load-time warm-up calls it), so a
+What only some text needs is read on first use: wordsegment's tables (0.16 s from the table cache, ~0.5 s
+to parse on a first run) when an unknown word is split. `EnglishG2P.load_deferred` reads them up front (the model's load-time warm-up calls it), so a
 first request does not.
 """
 
@@ -116,17 +116,46 @@ def _homographs() -> dict[str, tuple[list[str], list[str], str]]:
 _SEGMENTER_LOCK = threading.Lock()  # a warm-up thread and a request may both ask first
 
 
+_SEGMENTER_BUILD = 1  # bump when `_segmenter_counts` changes what it makes: cached tables are rebuilt
+
+
+def _segmenter_counts() -> dict:
+    """wordsegment's tables as `Segmenter.load()` reads them (no download: they ship with the package),
+    kept on disk in marshal form: 0.16 s to read against 0.45 s to parse. The load reads them on a thread
+    beside the main thread's weight loads, whose every file read releases the GIL and waits for it behind
+    a thread that holds it (the weight load took as long as the parse)."""
+    import wordsegment
+
+    def build() -> dict:
+        parse = wordsegment.Segmenter.parse
+        words = Path(wordsegment.Segmenter.WORDS_FILENAME).read_text("utf-8").splitlines()
+        return {
+            "unigrams": parse(wordsegment.Segmenter.UNIGRAMS_FILENAME),
+            "bigrams": parse(wordsegment.Segmenter.BIGRAMS_FILENAME),
+            "words": words,
+        }
+
+    key = {"wordsegment": importlib.metadata.version("wordsegment"), "build": _SEGMENTER_BUILD}
+    return cached_table("wordsegment", key, build, codec="marshal")
+
+
 @functools.cache
 def _segmenter_tables() -> Callable[[str], list[str]]:
     import wordsegment
 
-    wordsegment.load()  # no download: the tables ship with the package
-    return wordsegment.segment
+    # A segmenter of our own with what `Segmenter.load()` would fill (wordsegment's module-level one, which
+    # `wordsegment.load()` fills, is left as it is).
+    counts = _segmenter_counts()
+    segmenter = wordsegment.Segmenter()
+    segmenter.unigrams, segmenter.bigrams = counts["unigrams"], counts["bigrams"]
+    segmenter.words = counts["words"]
+    segmenter.total, segmenter.limit = segmenter.TOTAL, segmenter.LIMIT
+    return segmenter.segment
 
 
 def _segmenter() -> Callable[[str], list[str]]:
-    """wordsegment's `segment`, its module tables (unigram and bigram counts) filled once per process:
-    `wordsegment.load()` reads them again on every call (~0.5 s), and every frontend shares them."""
+    """A wordsegment `segment` whose tables (unigram and bigram counts) are read once per process and
+    shared by every frontend."""
     with _SEGMENTER_LOCK:
         return _segmenter_tables()
 
