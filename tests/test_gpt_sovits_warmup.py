@@ -179,3 +179,67 @@ def test_a_failed_warm_up_leaves_no_pipeline_and_the_next_use_loads_again(tiny_s
     ref.write_bytes(reference_wav.read_bytes())
     model.load_runtime()  # loads again, applies the config, warms the voice up
     assert model.warm_up_info["load"]["reference"] and model.optimization_result is not None
+
+
+def _pending_model(config):
+    from voicehub.models.gpt_sovits.model import GptSovitsModel
+    from voicehub.optimization.config import OptimizationContext
+    from voicehub.optimization.mixin import PENDING_ATTR
+
+    model = GptSovitsModel.__new__(GptSovitsModel)  # no weights: only the pending config is read
+    context = OptimizationContext(device="cuda:0", dtype="float16", gpu_arch="sm_90")
+    setattr(model, PENDING_ATTR, None if config is None else (config, context))
+    return model
+
+
+@pytest.mark.parametrize(
+    "backend, runs", [("triton", True), ("auto", True), ("torch", False), ("native", False), (None, False)]
+)
+def test_a_load_warms_triton_only_when_its_config_selects_triton(backend, runs):
+    # auto selects triton for fp16 on sm_90: the shipped evidence validates it there
+    from voicehub.optimization.config import TTSOptimizationConfig
+
+    config = None if backend is None else TTSOptimizationConfig(kernel_backend=backend)
+    assert _pending_model(config)._load_runs_triton() is runs
+
+
+def test_warm_triton_names_what_it_skips_when_triton_lacks_an_internal(monkeypatch):
+    import sys
+
+    from voicehub.models.gpt_sovits.warmup import warm_triton
+
+    monkeypatch.setitem(sys.modules, "triton.runtime.cache", None)  # import of it raises ImportError
+    timeline = LoadTimeline()
+    warm_triton(timeline)
+    info = timeline.info()
+    assert "runtime_thread.triton" in info["timeline_s"]
+    assert "triton.runtime.cache" in info["notes"]["runtime_thread.triton_skipped"]
+
+
+@pytest.mark.gpu
+def test_a_triton_load_warms_triton_on_the_runtime_thread_before_its_first_kernel(tiny_set, reference_wav):  # noqa: F811
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from triton.runtime.cache import triton_key
+
+    from voicehub.optimization.config import TTSOptimizationConfig
+
+    model = load(
+        tiny_set,
+        device="cuda",
+        cuda_graph_preset="minimal",
+        optimization_config=TTSOptimizationConfig(kernel_backend="triton"),
+        default_voice=Voice(reference_wav, REFERENCE_TEXT, "en"),
+    )
+    info = model.describe()["warm_up"]["load"]
+    seconds, starts = info["timeline_s"], info["timeline_start_s"]
+    assert "notes" not in info, info.get("notes")
+    # after the context on the same thread, and done before the main thread's first Triton kernel
+    assert (
+        starts["runtime_thread.triton"]
+        >= starts["runtime_thread.cuda_init"] + seconds["runtime_thread.cuda_init"] - 1e-3
+    )
+    waited = starts["wait_runtime_thread"] + seconds["wait_runtime_thread"]
+    assert starts["runtime_thread.triton"] + seconds["runtime_thread.triton"] <= waited + 1e-3
+    assert waited <= starts["optimization_apply"] + 1e-3
+    assert triton_key.cache_info().currsize == 1

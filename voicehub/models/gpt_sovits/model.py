@@ -30,10 +30,11 @@ from voicehub.models.gpt_sovits.warmup import (
     warm_cuda,
     warm_text,
     warm_text_deferred,
+    warm_triton,
     warm_voice,
 )
 from voicehub.optimization.apply import OptimizationResult
-from voicehub.optimization.config import OptimizationContext, TTSOptimizationConfig
+from voicehub.optimization.config import Feature, KernelBackend, OptimizationContext, TTSOptimizationConfig
 from voicehub.optimization.mixin import PENDING_ATTR
 from voicehub.runtime.cuda_graphs import GraphPreset
 from voicehub.text.frontend import TextFrontend
@@ -259,11 +260,23 @@ class GptSovitsModel(TTSModel):
         # for it there would bill the context to whichever phase ended first).
         timeline = LoadTimeline(sync=(lambda: _sync_if_initialized(self.device)) if cuda else None)
         voice = self._load_time_voice()
-        # One runtime thread: the CUDA context, beside the weight reads. Its errors surface after the
-        # pipeline is built.
+        # One runtime thread: the CUDA context, then (a load that runs Triton kernels) Triton's
+        # once-per-process set-up, beside the weight reads. The main thread waits for the Triton job
+        # before its first kernel; errors of either surface by then.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicehub-runtime-warm-up") as runtime:
             runtime_jobs = [runtime.submit(warm_cuda, self.device, timeline)] if cuda else []
+            if cuda and self._load_runs_triton():
+                runtime_jobs.append(runtime.submit(warm_triton, timeline))
             self._load_with_text_thread(timeline, voice, runtime_jobs)
+
+    def _load_runs_triton(self) -> bool:
+        """Whether the load-time optimization config (if any) selects the Triton kernel backend."""
+        pending = getattr(self, PENDING_ATTR, None)
+        if pending is None:
+            return False
+        config, context = pending
+        plan = config.resolve(self.model_type, mode="inference", context=context)
+        return plan.decision(Feature.KERNELS).selected == KernelBackend.TRITON.value
 
     def _load_with_text_thread(
         self, timeline: LoadTimeline, voice: Voice | None, runtime_jobs: list[Future]
@@ -274,9 +287,7 @@ class GptSovitsModel(TTSModel):
             # One worker: this runs after warm_text, so text.result() is there without waiting.
             deferred = pool.submit(lambda: warm_text_deferred(self.frontend, text.result()["g2p"], timeline))
             try:
-                warmed = self._load_pipeline(timeline, text)
-                for job in runtime_jobs:
-                    job.result()
+                warmed = self._load_pipeline(timeline, text, runtime_jobs)
                 warmed.update(warm_voice(self._pipeline, voice, timeline))
                 with timeline.phase("wait_text_deferred"):
                     warmed.update(deferred.result())
@@ -300,9 +311,11 @@ class GptSovitsModel(TTSModel):
             self._pipeline = None
             setattr(self, PENDING_ATTR, pending)
 
-    def _load_pipeline(self, timeline: LoadTimeline, text: Future) -> dict[str, Any]:
-        """Weights, the frontend from the text thread, a load-time optimization, the T2S graphs; returns
-        warm_text's report."""
+    def _load_pipeline(
+        self, timeline: LoadTimeline, text: Future, runtime_jobs: list[Future]
+    ) -> dict[str, Any]:
+        """Weights, the frontend from the text thread, the runtime thread's jobs, a load-time optimization,
+        the T2S graphs; returns warm_text's report."""
         pipe = build_pipeline(
             self.files,
             self.device,
@@ -315,6 +328,10 @@ class GptSovitsModel(TTSModel):
         )
         with timeline.phase("wait_text"):
             warmed = text.result()
+        if runtime_jobs:
+            with timeline.phase("wait_runtime_thread"):
+                for job in runtime_jobs:
+                    job.result()
         self._pipeline = pipe  # the transforms reach the weights through self.pipeline
         try:
             with timeline.phase("optimization_apply"):

@@ -73,6 +73,7 @@ class LoadTimeline:
         self._sync = sync
         self._t0 = time.perf_counter()
         self._spans: dict[str, tuple[float, float]] = {}  # name -> (start, end), seconds since the load began
+        self._notes: dict[str, str] = {}  # name -> what a phase skipped, and why
 
     @contextmanager
     def phase(self, name: str, sync: bool = True) -> Iterator[None]:
@@ -84,15 +85,22 @@ class LoadTimeline:
                 self._sync()
             self._spans[name] = (start - self._t0, time.perf_counter() - self._t0)
 
+    def note(self, name: str, text: str) -> None:
+        """Record what a phase left undone and why (`info()["notes"]`)."""
+        self._notes[name] = text
+
     def info(self) -> dict[str, Any]:
         """{"timeline_s": name -> seconds, "timeline_start_s": name -> seconds after the load began,
-        "total_s": the load so far}, in the order the phases began."""
+        "total_s": the load so far}, in the order the phases began, and "notes" when a phase left one."""
         spans = sorted(self._spans.items(), key=lambda item: item[1][0])
-        return {
+        info: dict[str, Any] = {
             "timeline_s": {name: round(end - start, 4) for name, (start, end) in spans},
             "timeline_start_s": {name: round(start, 4) for name, (start, _) in spans},
             "total_s": round(time.perf_counter() - self._t0, 4),
         }
+        if self._notes:
+            info["notes"] = dict(self._notes)
+        return info
 
 
 def voice_languages(voice: Voice | None) -> tuple[list[str], list[str]]:
@@ -148,13 +156,38 @@ def warm_text_deferred(
 
 def warm_cuda(device: torch.device, timeline: LoadTimeline) -> None:
     """The process's first CUDA work: driver and context, the caching allocator, cuBLAS (a small fp16
-    matmul). Run on a thread at the start of a CUDA load: it waits mostly outside the GIL, beside the main
-    thread's imports and file reads, instead of inside the first weight copy."""
+    matmul), cuDNN's libraries (a small fp16 convolution; its handle and plans are per thread and shape,
+    the libraries it opens are the process's). Run on a thread at the start of a CUDA load: it waits mostly
+    outside the GIL, beside the main thread's imports and file reads, instead of inside the first weight
+    copy or the voice's first convolution."""
     with timeline.phase("runtime_thread.cuda_init", sync=False):
         torch.cuda.init()
         x = torch.ones(64, 64, device=device, dtype=torch.float16)
         torch.mm(x, x)
+        torch.nn.functional.conv1d(x[None], x[:, :, None])
         torch.cuda.synchronize(device)
+
+
+def warm_triton(timeline: LoadTimeline) -> None:
+    """Triton's once-per-process costs, on the runtime thread while the weights load (a load that will run
+    Triton kernels): its import, the key of its on-disk kernel cache (a hash of its compiler's sources and
+    of its ~400 MB libtriton, ~0.45 s, outside the GIL), the CUDA backend's key (a `ptxas --version`
+    process) and driver utilities (an `ldconfig -p` process, a small compiled module). Each is cached for
+    the process, so the main thread's first kernel launch finds them done instead of paying them inside the
+    first graph capture. Triton's internals move between versions: one this version lacks is skipped and
+    named in the timeline (`runtime_thread.triton_skipped`), as the first launch then pays it as before."""
+    with timeline.phase("runtime_thread.triton", sync=False):
+        try:
+            from triton.compiler.compiler import make_backend
+            from triton.runtime.cache import triton_key
+            from triton.runtime.driver import driver
+        except ImportError as exc:
+            timeline.note("runtime_thread.triton_skipped", f"{type(exc).__name__}: {exc}")
+            return
+        triton_key()
+        active = driver.active
+        make_backend(active.get_current_target()).hash()
+        active.utils  # noqa: B018 (loads the compiled driver module)
 
 
 def warm_chain(pipe: Pipeline, voice: Voice, timeline: LoadTimeline) -> None:
