@@ -222,10 +222,12 @@ def test_a_triton_load_warms_triton_on_the_runtime_thread_before_its_first_kerne
         pytest.skip("no CUDA GPU")
     from triton.runtime.cache import triton_key
 
+    from voicehub import AutoModelForTextToSpeech
     from voicehub.optimization.config import TTSOptimizationConfig
 
-    model = load(
+    model = AutoModelForTextToSpeech.from_pretrained(
         tiny_set,
+        model_type="gpt-sovits-v3",
         device="cuda",
         cuda_graph_preset="minimal",
         optimization_config=TTSOptimizationConfig(kernel_backend="triton"),
