@@ -57,7 +57,10 @@ class BucketedGraphRunner:
     step(bucket) -> outputs: reads and writes only static tensors the owner allocated once, so
     replays see the caller's latest inputs. `warmup_calls` eager calls on a side stream precede
     each capture, as CUDA graph capture requires (lazy cuBLAS/cuDNN initialisation must be done);
-    they run the step for real, so the owner resets its state after capture at load.
+    they run the step for real, so the owner resets its state after capture at load. One is enough:
+    what a first call sets up (cuBLAS workspaces, cuDNN plans, with `cudnn.benchmark` its algorithm
+    search, Triton's compiled kernels, the owner's lazily made buffers) is there for the next, and a
+    second call costs its eager host and GPU time again (~1 s over a GPT-SoVITS load's captures).
     generators: device RNGs the step draws from; registered with every graph so each replay
     advances them as an eager call would (and reseeding them between replays takes effect).
     preserve: a context-manager factory wrapped around the warm-up calls, for owners whose step
@@ -71,7 +74,7 @@ class BucketedGraphRunner:
         preset: GraphPreset | str,
         device: torch.device,
         common_buckets: Sequence[Hashable] = (),
-        warmup_calls: int = 2,
+        warmup_calls: int = 1,
         generators: Sequence[torch.Generator] = (),
         preserve: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ):

@@ -145,7 +145,7 @@ class EncoderGraphs:
             ]  # fmt: skip
             step = lambda key: self._step((*key, speed))  # noqa: E731
             # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
-            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
+            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device)
             self.runners[speed] = runner
         return runner
 
@@ -283,7 +283,7 @@ class EncoderRowGraphs:
             keys = [k[:3] for k in self.all_keys(speed)]
             step = lambda key: self._step((*key, speed))  # noqa: E731
             # one warm-up call: it does any per-shape set-up (cuDNN plans) before the capture
-            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device, warmup_calls=1)
+            runner = BucketedGraphRunner(step, keys, GraphPreset.LAZY, self.device)
             self.runners[speed] = runner
         return runner
 
