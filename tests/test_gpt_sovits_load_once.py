@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import wordsegment
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
 
 from voicehub import AutoModelForTextToSpeech
@@ -107,8 +106,8 @@ def test_a_load_time_kernel_change_captures_the_graphs_once(tiny_set, monkeypatc
 
 def test_wordsegment_loads_once_per_process(monkeypatch):
     loads: list[int] = []
-    load_tables = wordsegment.load
-    monkeypatch.setattr(wordsegment, "load", lambda: loads.append(1) or load_tables())
+    read_tables = english._segmenter_counts
+    monkeypatch.setattr(english, "_segmenter_counts", lambda: loads.append(1) or read_tables())
     english._segmenter_tables.cache_clear()
     first, second = english.EnglishG2P(), english.EnglishG2P()
     assert loads == []  # read on the first unknown word, not when a frontend is built
