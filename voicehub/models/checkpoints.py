@@ -84,15 +84,23 @@ def load_strict(
         own[name].copy_(value.to(own[name].dtype))
 
 
-def _fold(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # g: [out, 1, ...], v: [out, ...] -> weight [out, ...] in float32, so fp16 files lose nothing here
-    v = v.float()
+def _fold(
+    g: torch.Tensor, v: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None
+) -> torch.Tensor:
+    # g: [out, 1, ...], v: [out, ...] -> weight [out, ...], folded in float32 so fp16 files lose nothing here
+    v = v.to(device=device, dtype=torch.float32)
     norm = v.flatten(1).norm(dim=1).view(-1, *([1] * (v.dim() - 1)))
-    return g.float() * v / norm
+    weight = g.to(device=device, dtype=torch.float32) * v / norm
+    return weight if dtype is None else weight.to(dtype)
 
 
-def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`state` with each complete weight-norm pair (either convention) replaced by its folded float32 `weight`.
+def fold_weight_norm(
+    state: Mapping[str, torch.Tensor], *, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """`state` with each complete weight-norm pair (either convention) replaced by its folded `weight`:
+    float32 where the pair is, or folded on `device` and cast to `dtype` when given (a model's GPU folds
+    BigVGAN's 133 pairs in milliseconds where the CPU took 0.3-0.45 s of the load, and each pair's float32
+    copy lives only while it is folded).
 
     Other tensors pass through unchanged; a lone half is left as it is, for the strict check to name.
     """
@@ -101,7 +109,7 @@ def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
         for key in [k for k in state if k.endswith(g_suffix)]:
             base = key[: -len(g_suffix)]
             if base + v_suffix in out:
-                out[base + ".weight"] = _fold(out.pop(key), out.pop(base + v_suffix))
+                out[base + ".weight"] = _fold(out.pop(key), out.pop(base + v_suffix), device, dtype)
     return out
 
 

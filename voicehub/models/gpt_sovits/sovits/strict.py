@@ -58,15 +58,15 @@ def load_weight_normed(
     dtype: torch.dtype | None = None,
 ) -> None:
     """Check `tensors` against `model`'s file layout (either weight-norm layout), fold each pair in
-    float32, and copy them in; with `device` (a model built on meta) assign each tensor cast once to
-    `dtype` instead (`weights.assign_strict`).
+    float32, and copy them in; with `device` (a model built on meta) fold each pair there, and assign
+    each tensor cast once to `dtype` instead (`weights.assign_strict`).
 
     The check names the file's own tensors (`weight_g`/`weight_v`), before anything is folded.
     """
     has_g = any(k.endswith(".weight_g") for k in tensors)
     check_state_dict(file_layout(model, weight_normed=has_g), tensors, source, hint=SLOT_HINT)
-    folded = fold_weight_norm(tensors)
     if device is None:
-        load_strict(model, folded, source, hint=SLOT_HINT)
+        load_strict(model, fold_weight_norm(tensors), source, hint=SLOT_HINT)
     else:
+        folded = fold_weight_norm(tensors, device=device, dtype=dtype)
         assign_strict(model, folded, source, device=device, dtype=dtype, hint=SLOT_HINT)
