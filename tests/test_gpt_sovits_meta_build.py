@@ -227,3 +227,49 @@ def test_computed_buffer_is_empty_on_meta_and_computed_otherwise():
         built = computed_buffer((2, 3), table)
     assert built.is_meta and built.shape == (2, 3) and built.dtype == torch.float32
     assert torch.equal(computed_buffer((2, 3), table), table())
+
+
+def test_prepared_loaders_copy_nothing_until_called_and_give_the_loaders_models(tiny_set, monkeypatch):  # noqa: F811
+    """build_pipeline reads every file and builds every model on meta first (the CUDA context is still being
+    made then): no tensor is copied to a device before the prepared functions' calls, which give the
+    loaders' models."""
+    from voicehub.models.gpt_sovits.bert import BertFeatureExtractor
+    from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, prepare_bigvgan
+    from voicehub.models.gpt_sovits.files import find_model_files
+    from voicehub.models.gpt_sovits.sovits import load_sovits_v3, prepare_sovits_v3
+    from voicehub.models.gpt_sovits.ssl import HubertEncoder
+    from voicehub.models.gpt_sovits.t2s import load_t2s, prepare_t2s
+
+    files = find_model_files(tiny_set)
+    cpu, dtype = torch.device("cpu"), torch.float32
+    copies: list[str] = []
+    to = torch.Tensor.to
+
+    def recording(self, *args, **kwargs):
+        if "device" in kwargs or any(isinstance(a, (torch.device, str)) for a in args):
+            copies.append("to")
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", recording)
+    prepared = {
+        "t2s": prepare_t2s(files.gpt),
+        "sovits": prepare_sovits_v3(files.sovits),
+        "bigvgan": prepare_bigvgan(files.bigvgan),
+        "hubert": HubertEncoder.prepare(files.hubert),
+        "bert": BertFeatureExtractor.prepare(files.bert),
+    }
+    assert copies == []
+    loads = {
+        "t2s": lambda: load_t2s(files.gpt, cpu, dtype)[0],
+        "sovits": lambda: load_sovits_v3(files.sovits, device=cpu, dtype=dtype),
+        "bigvgan": lambda: load_bigvgan(files.bigvgan, device=cpu, dtype=dtype),
+        "hubert": lambda: HubertEncoder.from_folder(files.hubert, cpu, dtype),
+        "bert": lambda: BertFeatureExtractor.from_folder(files.bert, cpu, dtype),
+    }
+    for name, put in prepared.items():
+        got = put(cpu, dtype)
+        have = (got[0] if isinstance(got, tuple) else got).state_dict()
+        want = loads[name]().state_dict()
+        assert have.keys() == want.keys(), name
+        assert all(torch.equal(have[k], want[k]) for k in want), name
+    assert copies  # the calls did copy

@@ -84,7 +84,7 @@ def test_voice_languages(reference_wav, prompt, language, expect):  # noqa: F811
 
 
 # The main thread's phases of a CPU load with a default voice, in order (no graphs on the CPU).
-MAIN_PHASES = ["weights.t2s", "weights.sovits", "weights.bigvgan", "weights.hubert",
+MAIN_PHASES = ["weights.read", "weights.t2s", "weights.sovits", "weights.bigvgan", "weights.hubert",
                "weights.bert", "t2s_decoder_build", "wait_text", "optimization_apply", "voice.reference",
                "wait_text_deferred"]  # fmt: skip
 

@@ -12,7 +12,7 @@ WordPiece pipeline built as transformers' `BertTokenizerFast` builds it (text/be
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -90,6 +90,12 @@ class BertFeatureExtractor(torch.nn.Module):
         cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> BertFeatureExtractor:
         """Load a chinese-roberta-wwm-ext-large folder (architecture from config.json), strictly, in eval mode."""
+        return cls.prepare(folder)(torch.device(device), dtype)
+
+    @classmethod
+    def prepare(cls, folder: str | Path) -> Callable[[torch.device, torch.dtype], BertFeatureExtractor]:
+        """`from_folder` in two steps: the folder read, checked and its model built on the meta device now
+        (no device touched), then the returned function's call puts the weights on a device in a dtype."""
         folder = check_bert_folder(folder)
         config = read_config(folder / "config.json", CONFIG_DEFAULTS)
         bert_model.check_config(config, str(folder / "config.json"))
@@ -103,8 +109,12 @@ class BertFeatureExtractor(torch.nn.Module):
         model.keep_layers(BERT_LAYER)
         kept = model.state_dict()
         state = {name: tensor for name, tensor in state.items() if name in kept}
-        model = load_module(model, state, weights, torch.device(device), dtype, (), {})
-        return cls(model, BertTokenizer(folder), folder)
+        tokenizer = BertTokenizer(folder)
+
+        def finish(device: torch.device, dtype: torch.dtype) -> BertFeatureExtractor:
+            return cls(load_module(model, state, weights, device, dtype, (), {}), tokenizer, folder)
+
+        return finish
 
     @torch.inference_mode()
     def char_features(self, text: str) -> torch.Tensor:

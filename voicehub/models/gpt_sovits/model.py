@@ -14,15 +14,15 @@ import torch
 from voicehub.models.base import TTSModel
 from voicehub.models.gpt_sovits.acoustic_graphs import build_acoustic_graphs
 from voicehub.models.gpt_sovits.bert import BertFeatureExtractor
-from voicehub.models.gpt_sovits.bigvgan import load_bigvgan
+from voicehub.models.gpt_sovits.bigvgan import prepare_bigvgan
 from voicehub.models.gpt_sovits.files import ModelFiles
 from voicehub.models.gpt_sovits.optimization import gpt_sovits_transforms
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import SAMPLE_RATE, Pipeline
 from voicehub.models.gpt_sovits.reference import ReferenceCache, Voice
-from voicehub.models.gpt_sovits.sovits import load_sovits_v3
+from voicehub.models.gpt_sovits.sovits import prepare_sovits_v3
 from voicehub.models.gpt_sovits.ssl import HubertEncoder
-from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, load_t2s
+from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, T2SConfig, T2SModel, prepare_t2s
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.warmup import (
     LoadTimeline,
@@ -100,17 +100,26 @@ def build_pipeline(
     timeline: where each file's load is timed (`weights.*` phases).
     """
     phase = (timeline if timeline is not None else LoadTimeline()).phase
-    with phase("weights.t2s"):
-        t2s, t2s_config = load_t2s(files.gpt, device, dtype)
-    with phase("weights.sovits"):
+    # Every file is read and its model built on the meta device before any tensor goes to the device: on
+    # CUDA the first copy waits for the context (~0.4 s, made on the runtime thread from the load's start),
+    # and this work, which needs no device, fills that wait instead of following it.
+    with phase("weights.read"):
+        put_t2s = prepare_t2s(files.gpt)
         # s2Gv3.pth is read only when the SoVITS file is a LoRA; a full file needs no base.
-        sovits = load_sovits_v3(files.sovits, base_path=files.sovits_base, device=device, dtype=dtype)
+        put_sovits = prepare_sovits_v3(files.sovits, base_path=files.sovits_base)
+        put_vocoder = prepare_bigvgan(files.bigvgan)
+        put_hubert = HubertEncoder.prepare(files.hubert)
+        put_bert = BertFeatureExtractor.prepare(files.bert)
+    with phase("weights.t2s"):
+        t2s, t2s_config = put_t2s(device, dtype)
+    with phase("weights.sovits"):
+        sovits = put_sovits(device, dtype)
     with phase("weights.bigvgan"):
-        vocoder = load_bigvgan(files.bigvgan, device=device, dtype=dtype)
+        vocoder = put_vocoder(device, dtype)
     with phase("weights.hubert"):
-        hubert = HubertEncoder.from_folder(files.hubert, device, dtype)
+        hubert = put_hubert(device, dtype)
     with phase("weights.bert"):
-        bert = BertFeatureExtractor.from_folder(files.bert, device, dtype)
+        bert = put_bert(device, dtype)
     frontend = frontend if frontend is not None else build_frontend(files)
     model_id = f"{files.gpt.resolve()}|{files.sovits.resolve()}|{files.pretrained.resolve()}|{dtype}"
     with phase("t2s_decoder_build"):

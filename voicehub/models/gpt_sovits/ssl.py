@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,12 @@ class HubertEncoder(torch.nn.Module):
         cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> HubertEncoder:
         """Load a chinese-hubert-base folder (architecture from its config.json), strictly, in eval mode."""
+        return cls.prepare(folder)(torch.device(device), dtype)
+
+    @classmethod
+    def prepare(cls, folder: str | Path) -> Callable[[torch.device, torch.dtype], HubertEncoder]:
+        """`from_folder` in two steps: the folder read and the model built on the meta device now (no
+        device touched), then the returned function's call puts the weights on a device in a dtype."""
         folder = check_hubert_folder(folder)
         config = read_config(folder / "config.json", hubert_config("full"))
         hubert_model.check_config(config, str(folder / "config.json"))
@@ -131,9 +137,12 @@ class HubertEncoder(torch.nn.Module):
         weights = find_weights(folder)
         # the published file says weight_g / weight_v; newer transformers save parametrizations.weight.original0/1
         state = rename_weight_norm(read_weights(weights), set(model.state_dict()))
-        device = torch.device(device)
-        model = load_module(model, state, weights, device, dtype, HUBERT_OPTIONAL, HUBERT_COMPUTED)
-        return cls(model, folder)
+
+        def finish(device: torch.device, dtype: torch.dtype) -> HubertEncoder:
+            loaded = load_module(model, state, weights, device, dtype, HUBERT_OPTIONAL, HUBERT_COMPUTED)
+            return cls(loaded, folder)
+
+        return finish
 
     @property
     def hidden_size(self) -> int:

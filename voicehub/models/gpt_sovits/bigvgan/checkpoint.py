@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,12 @@ def load_bigvgan(
     folder: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> BigVGAN:
     """A ready BigVGAN (eval, weight norm folded in float32) on `device` in `dtype`, from its folder."""
+    return prepare_bigvgan(folder)(torch.device(device), dtype)
+
+
+def prepare_bigvgan(folder: str | Path) -> Callable[[torch.device, torch.dtype], BigVGAN]:
+    """`load_bigvgan` in two steps: the folder read and the model built on the meta device now (no device
+    touched), then the returned function's call puts the weights on a device in a dtype."""
     folder = _resolve_folder(Path(folder))
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     try:
@@ -101,8 +108,12 @@ def load_bigvgan(
         )
     with meta_device():  # no throw-away random init: every value, the filters too, is in the file
         model = BigVGAN(conf)
-    load_weight_normed(model, ckpt["generator"], str(weights_path), device=torch.device(device), dtype=dtype)
-    return model.eval()
+
+    def finish(device: torch.device, dtype: torch.dtype) -> BigVGAN:
+        load_weight_normed(model, ckpt["generator"], str(weights_path), device=device, dtype=dtype)
+        return model.eval()
+
+    return finish
 
 
 @torch.no_grad()

@@ -15,7 +15,9 @@ import hashlib
 import io
 import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -141,14 +143,23 @@ def build_sovits(
     f: SoVITSFile, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> SynthesizerV3:
     """Build the model a full (non-LoRA) v3 file describes and load it strictly on `device` in `dtype`."""
+    return _build_sovits_on(f, _meta_sovits(f), torch.device(device), dtype)
+
+
+def _meta_sovits(f: SoVITSFile) -> SynthesizerV3:
+    # the model a full v3 file describes, built on the meta device (no throw-away random init)
     _require_v3(f)
     if f.is_lora:
         raise CheckpointError(f"{f.path} is a LoRA checkpoint; load it with its base s2Gv3.pth")
     shapes = {k: tuple(t.shape) for k, t in f.weight.items()}
     arch = SoVITSV3Arch.from_checkpoint(f.config, shapes, str(f.path))
-    with meta_device():  # no throw-away random init: every value comes from the file
-        model = SynthesizerV3(arch)
-    device = torch.device(device)
+    with meta_device():
+        return SynthesizerV3(arch)
+
+
+def _build_sovits_on(
+    f: SoVITSFile, model: SynthesizerV3, device: torch.device, dtype: torch.dtype
+) -> SynthesizerV3:
     load_weight_normed(model, f.weight, str(f.path), device=device, dtype=dtype)
     rebuild_missing(model, COMPUTED_BUFFERS, device, dtype)
     return model.eval()
@@ -167,10 +178,18 @@ def load_sovits_v3(
     only when `path` is a LoRA checkpoint. Each tensor is cast once, on its way to `device`; a LoRA
     is merged in float32 on the CPU first (as `module.to` after a float32 load would give).
     """
+    return prepare_sovits_v3(path, base_path)(torch.device(device), dtype)
+
+
+def prepare_sovits_v3(
+    path: str | Path, base_path: str | Path | None = None
+) -> Callable[[torch.device, torch.dtype], SynthesizerV3]:
+    """`load_sovits_v3` in two steps: the file read (a LoRA merged into its base on the CPU) and the model
+    built on the meta device now, no device touched; the returned function's call puts it on a device."""
     f = read_sovits_file(path)
     _require_v3(f)
     if not f.is_lora:
-        return build_sovits(f, device, dtype)
+        return partial(_build_sovits_on, f, _meta_sovits(f))
     if base_path is None or not Path(base_path).is_file():
         raise CheckpointError(
             f"{f.path} is a SoVITS v3 LoRA; its base s2Gv3.pth is needed but was not found at {base_path}. "
@@ -179,7 +198,7 @@ def load_sovits_v3(
     base = read_sovits_file(base_path)
     model = build_sovits(base)
     apply_lora_file(model, f)
-    return model.to(device=device, dtype=dtype)
+    return lambda device, dtype: model.to(device=device, dtype=dtype)
 
 
 def apply_lora_file(model: SynthesizerV3, f: SoVITSFile) -> None:

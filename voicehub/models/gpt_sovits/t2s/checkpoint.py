@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,14 @@ def load_t2s(
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, torch.float16 if dev.type == "cuda" else torch.float32)
+    return prepare_t2s(path, phoneme_vocab_size=phoneme_vocab_size)(dev, dt)
+
+
+def prepare_t2s(
+    path: str | Path, *, phoneme_vocab_size: int | None = V2_PHONEME_VOCAB
+) -> Callable[[torch.device, torch.dtype], tuple[T2SModel, T2SConfig]]:
+    """`load_t2s` in two steps: the file read, checked and its model built on the meta device now (no
+    device touched), then the returned function's call puts the weights on a device in a dtype."""
     weight, config, _ = read_t2s_checkpoint(path)
     if phoneme_vocab_size is not None and config.phoneme_vocab_size != phoneme_vocab_size:
         raise CheckpointError(
@@ -120,8 +129,12 @@ def load_t2s(
         model = T2SModel(config)
     expected = {k: tuple(v.shape) for k, v in checkpoint_state_dict(model).items()}
     check_state_dict(expected, weight, path, model="the T2S architecture in its config")
-    # copy: a memory-mapped file's pages are never shared with the model
-    state = {k[len(STATE_PREFIX) :]: v.to(device=dev, dtype=dt, copy=True) for k, v in weight.items()}
-    model.load_state_dict(state, strict=True, assign=True)
-    model.reset_buffers(dev, dt)
-    return model.eval().requires_grad_(False), config
+
+    def finish(dev: torch.device, dt: torch.dtype) -> tuple[T2SModel, T2SConfig]:
+        # copy: a memory-mapped file's pages are never shared with the model
+        state = {k[len(STATE_PREFIX) :]: v.to(device=dev, dtype=dt, copy=True) for k, v in weight.items()}
+        model.load_state_dict(state, strict=True, assign=True)
+        model.reset_buffers(dev, dt)
+        return model.eval().requires_grad_(False), config
+
+    return finish
