@@ -6,9 +6,9 @@ files it reads, the format); a file whose key differs, or that does not parse, i
 and the log says why. A large table can be kept in Python's `marshal` format instead (`codec="marshal"`:
 3x faster to read than JSON, e.g. wordsegment's 600k counts in 0.16 s against 0.48; the key then holds the
 Python version, as the format may change between versions; the files are the user's own cache, as
-trusted as the packages they were built from). Files are written to a temporary name in the same folder and renamed into place, so
-a reader never sees a half-written file. A cache folder that cannot be written is logged and skipped:
-the table is still built, just not kept.
+trusted as the packages they were built from). Files are written to a temporary name in the same folder
+and renamed into place, so a reader never sees a half-written file. A cache folder that cannot be written
+is logged and skipped: the table is still built, just not kept.
 """
 
 from __future__ import annotations

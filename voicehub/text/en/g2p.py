@@ -8,8 +8,8 @@ download NLTK data. Without NLTK's POS tagger (not installable offline) a homogr
 reading, which is what upstream does for an empty tag.
 
 What only some text needs is read on first use: wordsegment's tables (0.16 s from the table cache, ~0.5 s
-to parse on a first run) when an unknown word is split. `EnglishG2P.load_deferred` reads them up front (the model's load-time warm-up calls it), so a
-first request does not.
+to parse on a first run) when an unknown word is split. `EnglishG2P.load_deferred` reads them up front
+(the model's load-time warm-up calls it), so a first request does not.
 """
 
 from __future__ import annotations
