@@ -127,8 +127,8 @@ def assign_strict(
     expected = {k: tuple(v.shape) for k, v in own.items()}
     check_state_dict(expected, state, source, model=model, optional=optional, hint=hint)
     values = {
-        # copy a CPU tensor: a memory-mapped file's pages are never shared with the model; one already on
-        # another device was made by the load (a weight-norm fold there) and is used as it is, not copied again
+        # copy a CPU tensor: a memory-mapped file's pages are never shared with the model; one on another
+        # device was made by the load (a weight-norm fold there) and is used as it is, not copied again
         name: value.to(device=device, dtype=target_dtype(own[name], dtype), copy=value.device.type == "cpu")
         for name, value in state.items()
     }
