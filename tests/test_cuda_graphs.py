@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
+from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, capturing, parse_graph_preset
 from voicehub.runtime.graph_presets import resolve_graph_preset
 
 
@@ -71,6 +71,50 @@ def test_registered_generator_replays_draw_as_eager_calls_do():
     for a, b in zip(replayed, eager):
         torch.testing.assert_close(a, b)
     assert not torch.equal(replayed[0], replayed[1])
+
+
+@pytest.mark.gpu
+def test_capture_keeps_the_allocator_cache_and_waits_for_the_current_stream():
+    # torch.cuda.graph empties the allocator's cache before each capture; `capturing` keeps it (the
+    # load's next warm-up reuses it) and orders the capture after the current stream's queued work
+    dev = torch.device("cuda")
+    x = torch.ones(1 << 20, device=dev)
+    del x  # a cached block: reserved, not allocated
+    reserved = torch.cuda.memory_reserved(dev)
+    static_in = torch.full((256,), 2.0, device=dev)
+    torch.cuda._sleep(50_000_000)  # queued work on the current stream before the input is written
+    static_in.fill_(3.0)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(dev)
+    with capturing(graph, None, side):
+        out = static_in * 2
+    assert torch.cuda.memory_reserved(dev) >= reserved
+    graph.replay()
+    torch.testing.assert_close(out, torch.full((256,), 6.0, device=dev))
+    static_in.fill_(5.0)
+    graph.replay()
+    torch.testing.assert_close(out, torch.full((256,), 10.0, device=dev))
+
+
+@pytest.mark.gpu
+def test_an_error_inside_a_capture_is_the_steps_and_the_runner_captures_again():
+    dev = torch.device("cuda")
+    static_in = torch.ones(8, device=dev)
+    fail = [True]
+
+    def step(bucket):
+        out = static_in * bucket
+        if fail[0] and not torch.cuda.is_current_stream_capturing():
+            return out  # the eager warm-up succeeds
+        if fail[0]:
+            raise ValueError("step failed inside the capture")
+        return out
+
+    runner = BucketedGraphRunner(step, [2], "lazy", dev)
+    with pytest.raises(ValueError, match="step failed inside the capture"):
+        runner.run(2)
+    fail[0] = False
+    torch.testing.assert_close(runner.run(2), torch.full((8,), 2.0, device=dev))
+    assert runner.captured_buckets == [2]
 
 
 def test_capture_at_load_keeps_keys_captured_on_first_use(monkeypatch):
