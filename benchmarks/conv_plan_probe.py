@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import sys
 import time
@@ -111,14 +112,18 @@ def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], to
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, cudnn first (default: all)")
     args = p.parse_args()
+    modes = tuple(args.modes.split(","))
+    if modes[0] != "cudnn" or not set(modes) <= set(MODES):
+        p.error(f"--modes: cudnn first, then any of {MODES}")
     torch.manual_seed(0)
     dev = torch.device("cuda")
     rows, warm = [], []
     with torch.inference_mode():
         for name, (make, first_len, warm_len) in stages(dev).items():
             n = first_len
-            for m in MODES:
+            for m in modes:
                 with mode(m):
                     make(warm_len)()  # this mode's first use at some length out of the figures
                     for _ in range(3):
@@ -132,13 +137,13 @@ def main() -> None:
                         n += 7
             call = make(warm_len)
             outs = {}
-            for m in MODES:
+            for m in modes:
                 with mode(m):
                     outs[m] = call().float()
                     ms = event_ms(call, 3, 10)
                 warm.append(dict(stage=name, mode=m, length=warm_len, gpu_ms=ms))
                 print(f"{name:15} {m:9} n={warm_len:4} warm GPU {ms:7.2f} ms", flush=True)
-            for row in warm[-len(MODES) + 1 :]:
+            for row in warm[len(warm) - len(modes) + 1 :]:
                 ref, other = outs["cudnn"], outs[row["mode"]]
                 row["rel_l2_vs_cudnn"] = float((other - ref).norm() / ref.norm().clamp_min(1e-12))
                 print(f"{name:15} {row['mode']:9} rel L2 vs cudnn {row['rel_l2_vs_cudnn']:.2e}", flush=True)
@@ -150,6 +155,7 @@ def main() -> None:
         "batch 2), BigVGAN v2 24 kHz 100-band and chinese-hubert-base, batch 1", warmups="1 call a mode before its new lengths; "
         "3 before the warm GPU time", repetitions="new lengths: 1 first + 1 again; warm GPU: 10, median",
         command=" ".join(["python", *sys.argv]),
+        env={k: v for k, v in os.environ.items() if k.startswith("TORCH_CUDNN")},  # e.g. the v7 API switch
     )  # fmt: skip
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, new_lengths=rows, warm=warm), f, indent=1)

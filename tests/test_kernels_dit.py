@@ -25,6 +25,7 @@ from voicehub.runtime import cuda_graphs
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels.registry import (
     DIT_ATTENTION_BIAS,
+    DIT_DEPTHWISE_CONV,
     DIT_GATED_RESIDUAL,
     DIT_MODULATED_NORM,
     DIT_RESIDUAL_NORM,
@@ -125,6 +126,21 @@ def test_attention_bias_gives_sdpa_the_boolean_masks_result():
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :].expand(2, 4, 9, 9))
     assert torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=bias), want, rtol=0, atol=1e-6)
     assert registry.get(DIT_ATTENTION_BIAS, "triton") is registry.get(DIT_ATTENTION_BIAS, "torch")
+
+
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_depthwise_conv_is_the_blocks_conv1d(layout: str):
+    g = torch.Generator().manual_seed(8)
+    conv = torch.nn.Conv1d(24, 24, kernel_size=7, padding=3, groups=24)
+    x = torch.randn(2, 13, 24, generator=g).transpose(1, 2)  # [B, D, N], as the block passes it
+    x = x.contiguous() if layout == "contiguous" else x
+    ref = registry.reference(DIT_DEPTHWISE_CONV)
+    with torch.no_grad():
+        want = conv(x)
+        assert torch.equal(ref(x, conv.weight, conv.bias, 3), want)
+        got = registry.get(DIT_DEPTHWISE_CONV, "torch")(x, conv.weight, conv.bias, 3)
+    assert got.shape == want.shape == (2, 24, 13) and rel_l2(got, want) <= FP32_TOL
+    assert registry.get(DIT_DEPTHWISE_CONV, "triton") is registry.get(DIT_DEPTHWISE_CONV, "torch")
 
 
 def _dit(seed: int = 0) -> DiT:
@@ -228,12 +244,15 @@ def test_kernel_backend_transform_routes_the_dit_and_undoes(model, triton_kernel
         assert all(
             block.kernels is est.kernels and block.attn.qkv is not None for block in est.transformer_blocks
         )
+        assert all(block.kernels is est.kernels for block in est.text_embed.text_blocks)
+        assert est.kernels.depthwise_conv is registry.get(DIT_DEPTHWISE_CONV, backend.value)
         assert model.pipeline.vocoder.kernel is stubs[registry.ANTI_ALIAS_SNAKE]
     finally:
         undo()
     assert model.pipeline.vocoder.kernel is None
     assert est.kernels is NATIVE_KERNELS
     assert all(block.kernels is NATIVE_KERNELS and block.attn.qkv is None for block in est.transformer_blocks)
+    assert all(block.kernels is NATIVE_KERNELS for block in est.text_embed.text_blocks)
 
 
 def test_cfm_graphs_are_dropped_when_the_dit_kernels_change(model, monkeypatch):
@@ -293,6 +312,13 @@ def test_cuda_ops_fp16_on_realistic_shapes():
     q, k, _ = qkv.half().split(1024, dim=-1)
     got_q, got_k = kernel(q, k, angles.cos(), angles.sin())
     assert rel_l2(got_q, want_q) <= FP16_TOL and rel_l2(got_k, want_k) <= FP16_TOL
+    kernel, ref = get(DIT_DEPTHWISE_CONV)
+    conv = torch.nn.Conv1d(512, 512, 7, padding=3, groups=512, device="cuda")
+    text = torch.randn(2, 640, 512, device="cuda").transpose(1, 2)
+    with torch.no_grad():
+        want = ref(text, conv.weight, conv.bias, 3)
+        got = kernel(*half((text, conv.weight, conv.bias)), 3)
+    assert rel_l2(got, want) <= FP16_TOL
 
 
 @pytest.mark.gpu

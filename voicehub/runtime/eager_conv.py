@@ -110,3 +110,13 @@ def without_cudnn(fn: F) -> F:
             return fn(*args, **kwargs)
 
     return run  # type: ignore[return-value]
+
+
+def depthwise_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: int
+) -> torch.Tensor:
+    """DIT_DEPTHWISE_CONV (runtime/kernels/dit_block.py) through ATen's depthwise kernel: no cuDNN plan
+    to build at a new length (the DiT's text convolutions cost 0.2-0.8 s of host time per new length
+    with cuDNN, ~0.3 ms this way: `benchmarks/results/dit_conv_probe_h100.json`), a few us more GPU
+    time per call. Graphs captured around it replay ATen's kernel."""
+    return _convolution(x, weight, bias, 1, padding, 1, False, 0, x.shape[-2])

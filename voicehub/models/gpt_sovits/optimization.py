@@ -37,7 +37,7 @@ Undo = Callable[[], None]
 KERNEL_BACKENDS = (KernelBackend.TORCH, KernelBackend.TRITON)  # the backends with a transform here
 DIT_OPS = (
     registry.DIT_MODULATED_NORM, registry.DIT_RESIDUAL_NORM, registry.DIT_GATED_RESIDUAL, registry.DIT_ROPE,
-    registry.DIT_ATTENTION_BIAS,
+    registry.DIT_ATTENTION_BIAS, registry.DIT_DEPTHWISE_CONV,
 )  # fmt: skip
 # the T2S decoder's ops (`t2s_step_kernels`): triton routes them, torch leaves the decoder as it is
 T2S_STEP_OPS = (
@@ -56,6 +56,7 @@ def dit_kernels(kernels: dict[str, Callable]) -> DiTKernels:
         gated_residual=kernels[registry.DIT_GATED_RESIDUAL],
         rope=kernels[registry.DIT_ROPE],
         attention_bias=kernels[registry.DIT_ATTENTION_BIAS],
+        depthwise_conv=kernels[registry.DIT_DEPTHWISE_CONV],
         is_qkv_packed=True,
     )
 

@@ -13,7 +13,10 @@ backend), with x, y: [B, N, D] and shift, scale, gate: [B, 1, D] (adaLN chunks, 
   first head), in float32, the rest unchanged. An implementation may write into q and k and
   return them: callers pass tensors they own;
 - DIT_ATTENTION_BIAS `f(mask, dtype) -> bias [B, 1, 1, N]`: 0 on valid keys, -inf on padded ones,
-  the additive mask SDPA makes of a boolean one; computed once per forward instead of per block.
+  the additive mask SDPA makes of a boolean one; computed once per forward instead of per block;
+- DIT_DEPTHWISE_CONV `f(x, weight, bias, padding) -> y`: the text embedding's depthwise convolution,
+  x [B, D, N] (any strides), weight [D, 1, K], bias [D] or None, zero padding of `padding` frames each
+  side, stride 1; y [B, D, N + 2 * padding - K + 1].
 """
 
 from __future__ import annotations
@@ -112,3 +115,10 @@ def attention_bias_reference(mask: torch.Tensor, dtype: torch.dtype) -> torch.Te
         )
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, zero, float("-inf"))[:, None, None, :]
+
+
+def depthwise_conv_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: int
+) -> torch.Tensor:
+    """DIT_DEPTHWISE_CONV: what the block's nn.Conv1d(D, D, K, padding=padding, groups=D) computes."""
+    return F.conv1d(x, weight, bias, padding=padding, groups=x.shape[-2])

@@ -49,6 +49,7 @@ DIT_RESIDUAL_NORM = "dit_residual_norm"  # f(x, y, gate, mask, shift, scale, eps
 DIT_GATED_RESIDUAL = "dit_gated_residual"  # f(x, y, gate) -> x + gate * y
 DIT_ROPE = "dit_rope"  # f(q, k, cos, sin) -> (q, k) with the first head rotated (may write q, k)
 DIT_ATTENTION_BIAS = "dit_attention_bias"  # f(mask, dtype) -> [B, 1, 1, N] additive attention mask
+DIT_DEPTHWISE_CONV = "dit_depthwise_conv"  # f(x [B, D, N], weight [D, 1, K], bias, padding) -> y [B, D, N']
 
 
 class KernelUnavailableError(VoiceHubError, RuntimeError):
@@ -127,6 +128,14 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.dit_block:attention_bias_reference",
             }
         ),
+        # ATen's depthwise kernel, no cuDNN: cuDNN plans each new length (0.2-0.8 s of host time, at
+        # load and at a voice's first request) for a convolution of a few us; no Triton kernel needed.
+        DIT_DEPTHWISE_CONV: MappingProxyType(
+            {
+                Backend.TORCH: "voicehub.runtime.eager_conv:depthwise_conv1d",
+                Backend.TRITON: "voicehub.runtime.eager_conv:depthwise_conv1d",
+            }
+        ),
     }
 )
 # The definition of each op, against which every backend is tested.
@@ -145,6 +154,7 @@ _REFERENCES = MappingProxyType(
         DIT_GATED_RESIDUAL: f"{_PKG}.dit_block:gated_residual_reference",
         DIT_ROPE: f"{_PKG}.dit_block:rope_reference",
         DIT_ATTENTION_BIAS: f"{_PKG}.dit_block:attention_bias_reference",
+        DIT_DEPTHWISE_CONV: f"{_PKG}.dit_block:depthwise_conv_reference",
     }
 )
 MIN_TRITON = (3, 2)  # tl.gather, used by the anti-aliased Snake kernel

@@ -15,7 +15,7 @@ convolutions, GRN's norm over frames) sees zeros there, as the unpadded row sees
 so a valid frame's output does not depend on the padding (up to float rounding).
 
 The block's elementwise ops (adaLN modulation, gated residuals, rotary embedding, the attention
-mask) are named kernel ops (voicehub/runtime/kernels/dit_block.py); the DiT calls the functions of
+mask) and the text blocks' depthwise convolution are named kernel ops (voicehub/runtime/kernels/dit_block.py); the DiT calls the functions of
 the `DiTKernels` it holds, by default the ops' torch definitions, which are its own code. Only an
 optimization transform swaps them (`set_kernels`), e.g. for fused Triton kernels.
 """
@@ -55,14 +55,17 @@ class DiTKernels:
 
     The defaults are the model's own code. `attention_bias` None: each block hands SDPA the boolean
     mask expanded to [B, heads, N, N] (SDPA converts it per call); a function: the forward makes the
-    additive bias once. `is_qkv_packed`: q, k, v come from one GEMM over the three projections'
-    weights, packed into one buffer that the projections' parameters view (names unchanged)."""
+    additive bias once. `depthwise_conv` None: the text blocks' depthwise convolutions run as their
+    nn.Conv1d (cuDNN on a GPU); a function: it runs them (DIT_DEPTHWISE_CONV). `is_qkv_packed`: q, k, v
+    come from one GEMM over the three projections' weights, packed into one buffer that the
+    projections' parameters view (names unchanged)."""
 
     modulated_norm: Callable = modulated_norm_reference
     residual_norm: Callable = residual_norm_reference
     gated_residual: Callable = gated_residual_reference
     rope: Callable = rope_reference
     attention_bias: Callable | None = None
+    depthwise_conv: Callable | None = None
     is_qkv_packed: bool = False
 
 
@@ -121,10 +124,12 @@ class ConvNeXtV2Block(nn.Module):
         self.pwconv1 = nn.Linear(dim, hidden)
         self.grn = GRN(hidden)
         self.pwconv2 = nn.Linear(hidden, dim)
+        self.kernels = NATIVE_KERNELS
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # x: [B, N, D]; mask: [B, N] or None
-        h = self.dwconv(_zero_padding(x, mask).transpose(1, 2)).transpose(1, 2)
+        h, conv, dw = _zero_padding(x, mask).transpose(1, 2), self.kernels.depthwise_conv, self.dwconv
+        h = (dw(h) if conv is None else conv(h, dw.weight, dw.bias, dw.padding[0])).transpose(1, 2)
         h = self.grn(_zero_padding(F.gelu(self.pwconv1(self.norm(h))), mask))
         return x + self.pwconv2(h)
 
@@ -338,6 +343,8 @@ class DiT(nn.Module):
         # Packing and unpacking move q/k/v's weights to new storage: graphs captured on the old
         # storage must not replay (an A -> B -> A change leaves `kernels` as it was, not the storage).
         self.weights_version += 1
+        for conv_block in self.text_embed.text_blocks:
+            conv_block.kernels = kernels
         for block in self.transformer_blocks:
             block.kernels = block.attn.kernels = kernels
             if kernels.is_qkv_packed:
