@@ -117,6 +117,6 @@ def depthwise_conv1d(
 ) -> torch.Tensor:
     """DIT_DEPTHWISE_CONV (runtime/kernels/dit_block.py) through ATen's depthwise kernel: no cuDNN plan
     to build at a new length (the DiT's text convolutions cost 0.2-0.8 s of host time per new length
-    with cuDNN, ~0.3 ms this way: `benchmarks/results/dit_conv_probe_h100.json`), a few us more GPU
-    time per call. Graphs captured around it replay ATen's kernel."""
+    with cuDNN, ~0.3 ms this way, in `benchmarks/dit_conv_probe.py` on an H100; no result file kept
+    yet), a few us more GPU time per call. Graphs captured around it replay ATen's kernel."""
     return _convolution(x, weight, bias, 1, padding, 1, False, 0, x.shape[-2])
