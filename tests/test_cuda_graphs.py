@@ -102,12 +102,9 @@ def test_an_error_inside_a_capture_is_the_steps_and_the_runner_captures_again():
     fail = [True]
 
     def step(bucket):
-        out = static_in * bucket
-        if fail[0] and not torch.cuda.is_current_stream_capturing():
-            return out  # the eager warm-up succeeds
-        if fail[0]:
+        if fail[0] and torch.cuda.is_current_stream_capturing():  # the eager warm-up succeeds
             raise ValueError("step failed inside the capture")
-        return out
+        return static_in * bucket
 
     runner = BucketedGraphRunner(step, [2], "lazy", dev)
     with pytest.raises(ValueError, match="step failed inside the capture"):

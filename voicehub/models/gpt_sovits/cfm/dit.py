@@ -15,9 +15,10 @@ convolutions, GRN's norm over frames) sees zeros there, as the unpadded row sees
 so a valid frame's output does not depend on the padding (up to float rounding).
 
 The block's elementwise ops (adaLN modulation, gated residuals, rotary embedding, the attention
-mask) and the text blocks' depthwise convolution are named kernel ops (voicehub/runtime/kernels/dit_block.py); the DiT calls the functions of
-the `DiTKernels` it holds, by default the ops' torch definitions, which are its own code. Only an
-optimization transform swaps them (`set_kernels`), e.g. for fused Triton kernels.
+mask) and the text blocks' depthwise convolution are named kernel ops
+(voicehub/runtime/kernels/dit_block.py); the DiT calls the functions of the `DiTKernels` it holds, by
+default the ops' torch definitions, which are its own code. Only an optimization transform swaps them
+(`set_kernels`), e.g. for fused Triton kernels.
 """
 
 from __future__ import annotations
