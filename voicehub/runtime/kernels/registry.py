@@ -128,8 +128,8 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.dit_block:attention_bias_reference",
             }
         ),
-        # ATen's depthwise kernel, no cuDNN: cuDNN plans each new length (0.2-0.8 s of host time, at
-        # load and at a voice's first request) for a convolution of a few us; no Triton kernel needed.
+        # ATen's depthwise kernel, no cuDNN: cuDNN plans each new length (~0.15-0.2 s of host time, at
+        # load and at a voice's first request; dit_conv_probe_h100.json) for a convolution of ~15 us.
         DIT_DEPTHWISE_CONV: MappingProxyType(
             {
                 Backend.TORCH: "voicehub.runtime.eager_conv:depthwise_conv1d",
