@@ -113,15 +113,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, cudnn first (default: all)")
+    p.add_argument("--stages", default="", help="comma-separated stages to probe (default: all)")
     args = p.parse_args()
     modes = tuple(args.modes.split(","))
     if modes[0] != "cudnn" or not set(modes) <= set(MODES):
         p.error(f"--modes: cudnn first, then any of {MODES}")
     torch.manual_seed(0)
     dev = torch.device("cuda")
+    probed = stages(dev)
+    if args.stages:
+        unknown = set(args.stages.split(",")) - set(probed)
+        if unknown:
+            p.error(f"--stages: unknown {sorted(unknown)}; known: {sorted(probed)}")
+        probed = {k: v for k, v in probed.items() if k in args.stages.split(",")}
     rows, warm = [], []
     with torch.inference_mode():
-        for name, (make, first_len, warm_len) in stages(dev).items():
+        for name, (make, first_len, warm_len) in probed.items():
             n = first_len
             for m in modes:
                 with mode(m):

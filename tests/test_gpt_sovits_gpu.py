@@ -1,6 +1,7 @@
 """GPT-SoVITS v3 pipeline on a CUDA GPU (deselected in CI; the lead runs these on the H200).
 
-- tiny set: CUDA fp32 gives the CPU's greedy tokens and close audio; fp16 runs and stays finite;
+- tiny set: CUDA fp32 gives the CPU's greedy tokens and close audio; fp16 runs and stays finite; a
+  reference's convolutions run without cuDNN;
 - full set (real sizes, random weights, made on the GPU machine): one forced 500-token sentence, timed.
 """
 
@@ -54,6 +55,17 @@ def test_cuda_fp16_runs(cuda, tiny_set, reference_wav):  # noqa: F811
     out = model.generate("Half precision.", voice=Voice(reference_wav, REFERENCE_TEXT, "en"), seed=0,
                          force_n_tokens=16, speed=1.0, how_to_cut="none")  # fmt: skip
     assert out.audio.shape == (16 * SAMPLES_PER_TOKEN,) and np.isfinite(out.audio).all()
+
+
+def test_cuda_reference_builds_no_cudnn_plan(cuda, tiny_set, reference_wav):  # noqa: F811
+    """A voice's reference (a length seen once) runs its convolutions through ATen: none through cuDNN."""
+    pipe = load(tiny_set, device=cuda).pipeline
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ref = pipe.reference(Voice(reference_wav, REFERENCE_TEXT, "en"))
+    ops = {e.key for e in prof.key_averages()}
+    assert not any("cudnn" in op for op in ops), sorted(ops)
+    assert any("convolution" in op for op in ops)
+    assert torch.isfinite(ref.acoustic.fea).all() and len(ref.prompt_tokens) > 0
 
 
 def test_full_size_set_500_tokens(cuda, tmp_path_factory, reference_wav):  # noqa: F811

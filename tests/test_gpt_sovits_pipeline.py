@@ -161,6 +161,39 @@ def test_prompt_tokens_follow_upstream_padding_and_rate(model, voice):
     assert tokens.dtype == torch.long and 0 <= int(tokens.min()) and int(tokens.max()) < 1024
 
 
+def test_reference_convolutions_run_without_cudnn(model, voice, monkeypatch):
+    """On CUDA a reference's convolutions go through ATen (no cuDNN plan for a length seen once): the
+    mode's path, run on the CPU here, takes every 1-d convolution of the reference (HuBERT's, the SoVITS
+    quantizer's projection, the style encoder's, the SoVITS encoder's) with cuDNN off, same features."""
+    from torch import nn
+    from torch.overrides import TorchFunctionMode
+
+    from voicehub.runtime import eager_conv
+
+    class CountConvs(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.n += func is torch.conv1d
+            return func(*args, **(kwargs or {}))
+
+    pipe = model.pipeline
+    text = ensure_final_mark(voice.prompt_text, Language.EN)
+    with CountConvs() as plain:
+        want = pipe._compute_reference(voice.ref_audio_path, text, Language.EN)
+    seen: list[bool] = []
+    real = torch._convolution
+    monkeypatch.setattr(eager_conv.torch, "_convolution", lambda *a: seen.append(a[11]) or real(*a))
+    monkeypatch.setattr(eager_conv, "DEVICE_TYPES", ("cuda", "cpu"))
+    got = pipe._compute_reference(voice.ref_audio_path, text, Language.EN)
+    hubert_convs = sum(isinstance(m, nn.Conv1d) for m in pipe.hubert.modules())
+    assert plain.n > hubert_convs and len(seen) == plain.n and not any(seen)
+    assert torch.equal(got.prompt_tokens, want.prompt_tokens)
+    for name in ("ge", "fea", "mel"):
+        a, b = getattr(got.acoustic, name), getattr(want.acoustic, name)
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+
+
 def test_prompt_text_gets_a_final_mark(model, voice):
     assert ensure_final_mark("hello there", Language.EN) == "hello there."
     assert ensure_final_mark("你好", Language.ALL_ZH) == "你好。"

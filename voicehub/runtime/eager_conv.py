@@ -8,7 +8,8 @@ build no plan. `aten_convolutions(device)` routes the conv1d / conv_transpose1d 
 makes inside it to them (`torch._convolution` with cuDNN off: the same call `torch.conv1d` makes, with
 the cuDNN switch of this call alone, so other threads and the process-wide flag are untouched). CUDA
 graphs are captured outside it and keep cuDNN's kernels. The runtime uses it for the eager SoVITS
-encoder only (`benchmarks/results/conv_plan_probe_h200.json`: a new length 68-89 -> 23 ms): ATen's
+encoder (`benchmarks/results/conv_plan_probe_h200.json`: a new length 68-89 -> 23 ms) and for a voice's
+reference (resamplers, HuBERT, style and SoVITS encoders: one length, computed once): ATen's
 dilated and transposed convolutions make BigVGAN ~15x slower, and the mode's Python dispatch of every
 op costs the DiT more than its plans save at its few bucketed shapes.
 """

@@ -58,6 +58,7 @@ from voicehub.models.gpt_sovits.streaming import decode_steps, stepwise_windows,
 from voicehub.models.gpt_sovits.t2s import DecodeResult, StopReason, T2SModel, T2SRequest, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.models.gpt_sovits.t2s.static import StepKernels
+from voicehub.runtime.eager_conv import aten_convolutions
 from voicehub.text.cut import SPLITS
 from voicehub.text.frontend import TextFrontend, TextSegment
 from voicehub.text.options import Language
@@ -236,11 +237,15 @@ class Pipeline:
             raise InvalidTextError(
                 f"the prompt text {prompt_text!r} has nothing speakable in {language.value!r}"
             )
-        tokens = self.prompt_tokens(ref)
         phones = torch.tensor([prompt.phone_ids], dtype=torch.long, device=self.device)
-        spec = reference_spectrogram(ref, SPEC, self.device).to(self.dtype)
-        log_mel = reference_log_mel(ref, self.mel, self.device).to(self.dtype)  # encode_reference normalises
-        acoustic = encode_reference(self.sovits, tokens[None, None], phones, spec, log_mel)
+        # Each reference has its own length, run once: on CUDA its convolutions (the resamplers', HuBERT's,
+        # the style encoder's, the SoVITS encoder's) go through ATen, where cuDNN would build a plan for
+        # each that is not used again (`runtime/eager_conv.py`).
+        with aten_convolutions(self.device):
+            spec = reference_spectrogram(ref, SPEC, self.device).to(self.dtype)
+            log_mel = reference_log_mel(ref, self.mel, self.device).to(self.dtype)  # normalised later
+            tokens = self.prompt_tokens(ref)
+            acoustic = encode_reference(self.sovits, tokens[None, None], phones, spec, log_mel)
         return ReferenceFeatures(prompt_text, tokens, prompt.phone_ids, prompt.bert, acoustic)
 
     def prompt_tokens(self, ref: ReferenceAudio) -> torch.Tensor:
