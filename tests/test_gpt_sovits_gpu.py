@@ -58,12 +58,13 @@ def test_cuda_fp16_runs(cuda, tiny_set, reference_wav):  # noqa: F811
 
 
 def test_cuda_reference_builds_no_cudnn_plan(cuda, tiny_set, reference_wav):  # noqa: F811
-    """A voice's reference (a length seen once) runs its convolutions through ATen: none through cuDNN."""
+    """A voice's reference (a length seen once) runs its convolutions through ATen, none through cuDNN
+    (its attention may still be cuDNN's: only the convolutions are routed)."""
     pipe = load(tiny_set, device=cuda).pipeline
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ref = pipe.reference(Voice(reference_wav, REFERENCE_TEXT, "en"))
     ops = {e.key for e in prof.key_averages()}
-    assert not any("cudnn" in op for op in ops), sorted(ops)
+    assert not any("cudnn_convolution" in op for op in ops), sorted(ops)
     assert any("convolution" in op for op in ops)
     assert torch.isfinite(ref.acoustic.fea).all() and len(ref.prompt_tokens) > 0
 
