@@ -49,6 +49,8 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     layer) step t2s-layer 130 python3 benchmarks/t2s_layer_bench.py --out "$OUT/t2s_layer_h200.json" ;;
     t2s) step t2s-decode 180 python3 benchmarks/t2s_decode_bench.py --reps 2 --out "$OUT/t2s_decode_h200.json" ;;
     # the DiT's convolutions and attention at new lengths, by layout and backend (cuDNN vs ATen)
+    # a new voice's reference at lengths never seen, its convolutions through ATen against cuDNN
+    reference) step reference 90 python3 benchmarks/reference_probe.py --out "$OUT/reference_probe_h200.json" ;;
     ditconv) step dit-conv 90 python3 benchmarks/dit_conv_probe.py --out "$OUT/dit_conv_probe_h200.json" ;;
     acoustic) step acoustic 130 python3 benchmarks/acoustic_bench.py --out "$OUT/acoustic_h200.json" ;;
     kernels) step kernels 100 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json" ;;

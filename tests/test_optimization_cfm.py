@@ -273,7 +273,12 @@ def test_cuda_short_schedule_and_step_cache_stay_graph_capturable(tiny_set):  # 
 
 
 @pytest.mark.gpu
-def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav):  # noqa: F811
+@pytest.mark.parametrize("kernels", ["native", "torch", "triton"])
+def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav, kernels):  # noqa: F811
+    """Inductor on the DiT blocks beside each kernel set. Session 20 (H100, torch 2.11): with the default
+    kernel_backend ('auto', which picks 'triton' on sm_90 fp16) inductor failed inside AOT autograd
+    (`set_` of a synthetic base over aliased inputs with a symbolic storage size); on the CPU with torch
+    2.11 'native' and 'torch' (packed q/k/v) compile. These cases say which set it is."""
     import torch
 
     if not torch.cuda.is_available():
@@ -281,7 +286,7 @@ def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav)
     model = load(tiny_set, device="cuda", dtype="float16")
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     native = _audio(model, voice)
-    model.optimize(TTSOptimizationConfig(compile="required"))  # inductor: compiles here
+    model.optimize(TTSOptimizationConfig(kernel_backend=kernels, compile="required"))  # compiles now
     try:
         compiled = _audio(model, voice)
     finally:

@@ -1,0 +1,87 @@
+"""What a new voice's reference costs at a length never seen, its convolutions through ATen or cuDNN (issue 4).
+
+`Pipeline._compute_reference` (resampling, spectrogram and log-mel, HuBERT, the SoVITS quantizer, the
+style and SoVITS encoders, BERT of the transcript) runs once per voice, at that voice's length: at load
+for the default voice and at a new voice's first request. It routes its convolutions through ATen on CUDA
+(`runtime/eager_conv.aten_convolutions`); mode `cudnn` here puts cuDNN back for the probe. Each mode
+computes references of synthetic speech-like clips at lengths never seen (first call, then the same clip
+again), modes alternating (aten, cudnn, aten, cudnn). Prints a table, writes JSON. On the GPU machine:
+
+    python benchmarks/reference_probe.py --out $OUT/reference_probe.json [--size full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_meta import tree_commit
+from e2e_bench import write_reference
+
+from voicehub.models.gpt_sovits import Voice, load
+from voicehub.models.gpt_sovits import pipeline as pipeline_module
+from voicehub.models.gpt_sovits.make_checkpoint import make_checkpoint_set
+from voicehub.text.options import Language
+
+PROMPT = "Hello there, this is my voice."
+FIRST_SECONDS, STEP_SECONDS, PER_MODE = 4.0, 0.173, 2
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", default="tiny", choices=("tiny", "full"), help="random v3 set made here")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--device", default="cuda", help="cuda (cpu only to try the script: no cuDNN there)")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="reference_probe_"))
+    make_checkpoint_set(work / "set", args.size, seed=0, margin_tokens=0)
+    pipe = load(work / "set", device=args.device, dtype=args.dtype).pipeline
+    pipe.reference(
+        Voice(write_reference(work / "warm.wav", 5.0), PROMPT, "en")
+    )  # first-use costs out of the rows
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    rows, seconds = [], FIRST_SECONDS
+    for mode in ("aten", "cudnn", "aten", "cudnn"):
+        saved = pipeline_module.aten_convolutions
+        if mode == "cudnn":
+            pipeline_module.aten_convolutions = lambda device: contextlib.nullcontext()
+        try:
+            for _ in range(PER_MODE):
+                seconds += STEP_SECONDS
+                clip = write_reference(work / f"ref_{seconds:.3f}.wav", seconds)
+                times = []
+                for _ in range(2):  # first at this length, then again
+                    sync()
+                    t0 = time.perf_counter()
+                    pipe._compute_reference(clip, PROMPT, Language.EN)
+                    sync()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                rows.append(dict(mode=mode, seconds=round(seconds, 3), first_ms=times[0], again_ms=times[1]))
+                print(
+                    f"{mode:6} {seconds:6.3f} s  first {times[0]:7.1f} ms  again {times[1]:7.1f} ms",
+                    flush=True,
+                )
+        finally:
+            pipeline_module.aten_convolutions = saved
+    meta = dict(
+        benchmark="reference_probe", machine=torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(), platform=platform.platform(),
+        versions=dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                      cudnn=torch.backends.cudnn.version(), voicehub_commit=tree_commit() or None),
+        precision=args.dtype, sizes=f"make_checkpoint_set size={args.size}, batch 1, clips {FIRST_SECONDS + STEP_SECONDS:.2f}"
+        f"-{seconds:.2f} s at 24 kHz", warmups="one reference (5 s) before the rows",
+        repetitions=f"{PER_MODE} new lengths per mode block, 2 blocks a mode; first + again each",
+        command=" ".join(["python", *sys.argv]),
+    )  # fmt: skip
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
