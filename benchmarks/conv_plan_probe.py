@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -67,26 +68,44 @@ def host_ms(fn: Callable[[], torch.Tensor]) -> float:
 
 
 def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], torch.Tensor]], int, int]]:
-    """name -> (inputs of length n -> call, first probed length, warm length); lengths per stage's unit."""
-    sovits = (
-        load_sovits_v3(make_sovits_checkpoint("/tmp/s2v3_full.pth", "full", seed=0)).to(dev).half().eval()
-    )
-    vocoder = load_bigvgan(make_bigvgan_folder("/tmp/bigvgan_full", "full", seed=0)).to(dev).half().eval()
-    hubert = HubertEncoder.from_folder(
-        make_hubert_folder("/tmp/hubert_full", "full", seed=0), dev, torch.float16
-    )
-    dit = sovits.cfm.estimator
-    dit.set_kernels(dit_kernels({op: registry.resolve(op, "triton", "cuda") for op in DIT_OPS}))
+    """name -> (inputs of length n -> call, first probed length, warm length); lengths per stage's unit.
+    Each model is built (full size, fp16, outside inference mode) on its stage's first call, so `--stages`
+    builds only its own."""
     g = torch.Generator(device=dev).manual_seed(0)
-    a = sovits.arch
-    ge = torch.randn(1, a.gin_channels, 1, device=dev, generator=g).half()
+
+    @functools.cache
+    @torch.inference_mode(False)
+    def sovits():
+        model = (
+            load_sovits_v3(make_sovits_checkpoint("/tmp/s2v3_full.pth", "full", seed=0)).to(dev).half().eval()
+        )
+        model.cfm.estimator.set_kernels(
+            dit_kernels({op: registry.resolve(op, "triton", "cuda") for op in DIT_OPS})
+        )
+        ge = torch.randn(1, model.arch.gin_channels, 1, device=dev, generator=g).half()
+        return model, model.arch, ge
+
+    @functools.cache
+    @torch.inference_mode(False)
+    def vocoder():
+        return load_bigvgan(make_bigvgan_folder("/tmp/bigvgan_full", "full", seed=0)).to(dev).half().eval()
+
+    @functools.cache
+    @torch.inference_mode(False)
+    def hubert():
+        return HubertEncoder.from_folder(
+            make_hubert_folder("/tmp/hubert_full", "full", seed=0), dev, torch.float16
+        )
 
     def encoder(n: int):  # n semantic tokens, 2n phonemes (a sentence's ratio, roughly)
+        model, a, ge = sovits()
         codes = torch.randint(0, a.n_bins, (1, 1, n), device=dev, generator=g)
         text = torch.randint(1, a.n_symbols, (1, 2 * n // 3), device=dev, generator=g)
-        return lambda: sovits.decode_encp(codes, text, ge)
+        return lambda: model.decode_encp(codes, text, ge)
 
     def dit_call(n: int):  # n mel frames, batch 2 (guidance), no mask
+        model, a, _ = sovits()
+        dit = model.cfm.estimator
         x, cond = (torch.randn(2, n, a.mel_dim, device=dev, generator=g).half() for _ in range(2))
         mu = torch.randn(2, n, a.inter2, device=dev, generator=g).half()
         t, d = (torch.rand(2, device=dev, generator=g).half() for _ in range(2))
@@ -98,12 +117,12 @@ def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], to
         return run
 
     def bigvgan(n: int):  # n mel frames
-        mel = torch.randn(1, a.mel_dim, n, device=dev, generator=g).half()
-        return lambda: vocoder(mel)
+        mel = torch.randn(1, sovits()[1].mel_dim, n, device=dev, generator=g).half()
+        return lambda: vocoder()(mel)
 
     def hubert_call(n: int):  # n output frames of 16 kHz audio (a reference: ~50 frames a second)
         wav = torch.randn(n * HUBERT_FRAME_SAMPLES + 80, device=dev, generator=g).half() * 0.1
-        return lambda: hubert(wav, pad_samples=0)
+        return lambda: hubert()(wav, pad_samples=0)
 
     return {"sovits_encoder": (encoder, 61, 150), "dit": (dit_call, 301, 562), "bigvgan": (bigvgan, 131, 298),
             "hubert": (hubert_call, 251, 300)}  # fmt: skip
@@ -158,8 +177,9 @@ def main() -> None:
         benchmark="conv_plan_probe", machine=torch.cuda.get_device_name(), platform=platform.platform(),
         versions=dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
                       cudnn=torch.backends.cudnn.version(), voicehub_commit=tree_commit() or None),
-        precision="float16", sizes="full-size random SoVITS v3 (encoder, DiT with the triton kernel set, "
-        "batch 2), BigVGAN v2 24 kHz 100-band and chinese-hubert-base, batch 1", warmups="1 call a mode before its new lengths; "
+        precision="float16", stages=list(probed), sizes="full-size random SoVITS v3 (encoder, DiT with the triton "
+        "kernel set, batch 2), BigVGAN v2 24 kHz 100-band and chinese-hubert-base, batch 1 (those of the stages "
+        "probed; the bigvgan stage also reads SoVITS v3's mel size)", warmups="1 call a mode before its new lengths; "
         "3 before the warm GPU time", repetitions="new lengths: 1 first + 1 again; warm GPU: 10, median",
         command=" ".join(["python", *sys.argv]),
         env={k: v for k, v in os.environ.items() if k.startswith("TORCH_CUDNN")},  # e.g. the v7 API switch

@@ -50,7 +50,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     t2s) step t2s-decode 180 python3 benchmarks/t2s_decode_bench.py --reps 2 --out "$OUT/t2s_decode_h200.json" ;;
     # the DiT's convolutions and attention at new lengths, by layout and backend (cuDNN vs ATen)
     # session 20's open GPU checks: inductor on the DiT beside each kernel set, the reference without cuDNN convs
-    compiletests) step compile-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging --tb=short \
+    compiletests) step compile-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging --tb=short \
       tests/test_optimization_cfm.py tests/test_gpt_sovits_gpu.py -k "inductor or reference" ;;
     # a new voice's reference at lengths never seen, its convolutions through ATen against cuDNN
     reference) step reference 90 python3 benchmarks/reference_probe.py --out "$OUT/reference_probe_h200.json" ;;

