@@ -239,8 +239,8 @@ class Pipeline:
             )
         phones = torch.tensor([prompt.phone_ids], dtype=torch.long, device=self.device)
         # Each reference has its own length, run once: on CUDA its convolutions (the resamplers', HuBERT's,
-        # the style encoder's, the SoVITS encoder's) go through ATen, where cuDNN would build a plan for
-        # each that is not used again (`runtime/eager_conv.py`).
+        # the quantizer projection's, the style and SoVITS encoders') go through ATen, where cuDNN would
+        # build a plan for each that is not used again (`runtime/eager_conv.py`).
         with aten_convolutions(self.device):
             spec = reference_spectrogram(ref, SPEC, self.device).to(self.dtype)
             log_mel = reference_log_mel(ref, self.mel, self.device).to(self.dtype)  # normalised later
