@@ -1,4 +1,4 @@
-"""What every benchmark records about the tree it ran (the commit), and the CUDA-event timer they share.
+"""What every benchmark records about the tree it ran (the commit), and the timers they share.
 
 The device machine receives a copy of the working tree whose `.git` may lag behind it, so the
 caller can name the commit (`VOICEHUB_COMMIT`, set by gpu_session.sh from the lead's checkout);
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,3 +42,18 @@ def event_ms(fn: Callable[[], Any], warmup: int, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def host_ms(fn: Callable[[], Any]) -> float:
+    """Host ms of one call, the GPU's queue drained before and after it (when CUDA is initialised: a
+    CPU-only run times the call alone)."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    if sync:
+        sync()
+    t0 = time.perf_counter()
+    fn()
+    if sync:
+        sync()
+    return (time.perf_counter() - t0) * 1e3

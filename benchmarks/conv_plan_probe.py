@@ -23,11 +23,10 @@ import json
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 
 import torch
-from bench_meta import event_ms, tree_commit
+from bench_meta import event_ms, host_ms, tree_commit
 
 from voicehub.models.gpt_sovits.bigvgan import load_bigvgan, make_bigvgan_folder
 from voicehub.models.gpt_sovits.optimization import DIT_OPS, dit_kernels
@@ -57,14 +56,6 @@ def mode(name: str):
             yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(sdp)
-
-
-def host_ms(fn: Callable[[], torch.Tensor]) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def stages(dev: torch.device) -> dict[str, tuple[Callable[[int], Callable[[], torch.Tensor]], int, int]]:

@@ -21,11 +21,10 @@ import functools
 import json
 import platform
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
-from bench_meta import tree_commit
+from bench_meta import host_ms, tree_commit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 BATCH = 2
@@ -36,14 +35,6 @@ CONVS = {  # name: (channels, kernel, groups) as the v3 DiT's
 NEW_LENGTHS = 3
 WARM_LENGTH = 562  # frames of a 3 s chunk after a 5 s reference's prompt, roughly
 GRAPH_CALLS = 20
-
-
-def host_ms(fn) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def backend(name: str):

@@ -19,11 +19,10 @@ import json
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from bench_meta import tree_commit
+from bench_meta import host_ms, tree_commit
 from e2e_bench import write_reference
 
 from voicehub.models.gpt_sovits import Voice, load
@@ -48,15 +47,10 @@ def main() -> None:
     make_checkpoint_set(work / "set", args.size, seed=0, margin_tokens=0)
     pipe = load(work / "set", device=args.device, dtype=args.dtype).pipeline
     pipe.reference(Voice(write_reference(work / "warm.wav", 5.0), PROMPT, "en"))  # the process's first use
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rows, seconds = [], FIRST_SECONDS
 
     def timed(clip: Path) -> float:
-        sync()
-        t0 = time.perf_counter()
-        pipe._compute_reference(clip, PROMPT, Language.EN)
-        sync()
-        return (time.perf_counter() - t0) * 1e3
+        return host_ms(lambda: pipe._compute_reference(clip, PROMPT, Language.EN))
 
     for block, mode in enumerate(MODE_ORDER):
         saved = pipeline_module.aten_convolutions
