@@ -105,6 +105,25 @@ def test_rope_triton_rotates_packed_qkv_in_place(triton_kernel, dtype):
         assert torch.equal(got_q[..., rot:], want_q[..., rot:])
 
 
+def test_rope_triton_writes_new_tensors_under_compile(triton_kernel, monkeypatch):
+    """Under torch.compile the rotation goes to new tensors, q and k untouched, bit for bit the in-place
+    result (inductor in torch 2.11 fails on a kernel writing two views of one buffer)."""
+    kernel = triton_kernel(DIT_ROPE)
+    b, n, c, rot = 2, 21, 48, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(b, n, 3 * c, generator=g)
+    angles = torch.randn(n, rot // 2, generator=g).repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    before = qkv.clone()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    got_q, got_k = kernel(*qkv.split(c, dim=-1)[:2], cos, sin)
+    assert torch.equal(qkv, before)  # nothing written in place
+    assert got_q.data_ptr() != qkv.data_ptr() and got_k.data_ptr() != qkv.data_ptr()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    want_q, want_k = kernel(*qkv.split(c, dim=-1)[:2], cos, sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
 def test_rope_reference_is_the_native_rotation():
     # interleaved pairs (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin) on the first `rot` channels only
     x = torch.randn(1, 3, 8)

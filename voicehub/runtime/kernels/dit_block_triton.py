@@ -67,10 +67,12 @@ def _gated_residual_kernel(x_ptr, y_ptr, gate_ptr, out_ptr, n_frames, dim, gate_
 
 @triton.jit(do_not_specialize=["n_rows", "n_frames"])
 def _rope_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, n_rows, n_frames, rot,
+    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, n_rows, n_frames, rot,
     q_batch_stride, q_frame_stride, k_batch_stride, k_frame_stride,
+    qo_batch_stride, qo_frame_stride, ko_batch_stride, ko_frame_stride,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    # rotated q, k to qo, ko (q, k themselves in place, or new tensors under torch.compile)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     m = (rows < n_rows)[:, None] & (cols < rot)[None, :]
@@ -86,8 +88,10 @@ def _rope_kernel(
     k_row = k_ptr + (b * k_batch_stride + f * k_frame_stride)[:, None]
     k = tl.load(k_row + cols[None, :], mask=m, other=0.0).to(tl.float32)
     kp = tl.load(k_row + partner[None, :], mask=m, other=0.0).to(tl.float32)
-    tl.store(q_row + cols[None, :], (q * cos + sign * qp * sin).to(q_ptr.dtype.element_ty), mask=m)
-    tl.store(k_row + cols[None, :], (k * cos + sign * kp * sin).to(k_ptr.dtype.element_ty), mask=m)
+    qo_row = qo_ptr + (b * qo_batch_stride + f * qo_frame_stride)[:, None]
+    ko_row = ko_ptr + (b * ko_batch_stride + f * ko_frame_stride)[:, None]
+    tl.store(qo_row + cols[None, :], (q * cos + sign * qp * sin).to(q_ptr.dtype.element_ty), mask=m)
+    tl.store(ko_row + cols[None, :], (k * cos + sign * kp * sin).to(k_ptr.dtype.element_ty), mask=m)
 
 
 def _launch_config(dim: int) -> tuple[int, int]:
@@ -183,18 +187,25 @@ def rope_triton(
     """The `triton` backend of DIT_ROPE: rotates q's and k's first R channels in place; returns q, k.
 
     q, k: [B, N, C], channels contiguous (strided frames are fine: views of a packed QKV output);
-    cos, sin: [N, R] float32."""
+    cos, sin: [N, R] float32. Under torch.compile the rotation goes to new tensors (the same values;
+    q, k untouched): torch 2.11's inductor fails to functionalize a kernel that writes two views of one
+    buffer (benchmarks/results/inductor_compile_h100_s20.json)."""
     check_rope_args(q, k, cos, sin)
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError(
             f"dit_rope: q and k need contiguous channels, got strides {q.stride()}, {k.stride()}"
         )
+    qo, ko = (torch.empty_like(q), torch.empty_like(k)) if torch.compiler.is_compiling() else (q, k)
+    if qo.numel() and qo is not q:  # channels past R pass through unrotated
+        qo.copy_(q)
+        ko.copy_(k)
     b, n, _ = q.shape
     rot = cos.shape[-1]
     if q.numel():
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         _rope_kernel[(triton.cdiv(b * n, ROPE_ROWS),)](
-            q, k, cos, sin, b * n, n, rot, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            q, k, qo, ko, cos, sin, b * n, n, rot, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
             ROWS=ROPE_ROWS, BLOCK=triton.next_power_of_2(rot), num_warps=2,
         )  # fmt: skip
-    return q, k
+    return qo, ko
