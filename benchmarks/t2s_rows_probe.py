@@ -34,19 +34,6 @@ from t2s_layer_bench import meta as layer_meta
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
 
 
-def run_stack(s, x, w, k, v, lengths, n_slots, cfg, logits) -> None:
-    """`decode_stack_mma` with its scratch given (allocated outside the graph, one per group)."""
-    x_in, prev = x, None
-    for i, layer in enumerate(w.layers):
-        mk.qkv_stage(s, x_in, prev, layer, k[i], v[i], lengths, w.eps, cfg)
-        mk.attention_stage(s, layer, k[i], v[i], lengths, n_slots, w.eps, cfg)
-        mk.out_proj_stage(s, layer, w.eps, cfg)
-        mk.ffn1_stage(s, layer, w.eps, cfg)
-        mk.ffn2_stage(s, layer, w.eps, cfg)
-        x_in, prev = s.x_ffn, layer
-    mk.head_stage(s, w.layers[-1], w.head_weight, logits, w.eps, cfg)
-
-
 def grouped(inputs, n_slots: int, cfg, n_groups: int):
     """A callable stepping every row in n_groups row groups, group g on stream g (0: the caller's)."""
     x, w, k, v, lengths = inputs
@@ -64,7 +51,7 @@ def grouped(inputs, n_slots: int, cfg, n_groups: int):
         for g, (lo, hi) in enumerate(spans):
             ctx = torch.cuda.stream(side[g - 1]) if g and side else contextlib.nullcontext()
             with ctx:
-                run_stack(scratch[g], x[lo:hi], w, k[:, lo:hi], v[:, lo:hi], lengths[lo:hi], n_slots, cfg,
+                mk.step_rows(scratch[g], x[lo:hi], w, k[:, lo:hi], v[:, lo:hi], lengths[lo:hi], n_slots, cfg,
                           logits[lo:hi])  # fmt: skip
         for stream in side:
             main.wait_stream(stream)
@@ -82,6 +69,10 @@ def probe(args) -> dict:
     # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
     out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
     tickets = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)  # ffn1 + ffn2: one kernel or two
+    # L2: the next GEMMs' weights prefetched beside attention, K/V read evict_first, both (no effect on values)
+    prefetch = dataclasses.replace(base, l2_prefetch=True)
+    evict = dataclasses.replace(base, kv_evict_first=True)
+    both = dataclasses.replace(base, l2_prefetch=True, kv_evict_first=True)
     rows_out = []
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = min(next(b for b in (256, 384, 512, 768, 1024) if b > length), args.max_slots)
@@ -95,7 +86,12 @@ def probe(args) -> dict:
             (f"chain pdl={pdl.pdl}", pdl, 1),
             ("chain pdl=True pdl_late=True", late, 1),
             (f"chain ffn_tickets={tickets.ffn_tickets}", tickets, 1),
+            ("chain l2_prefetch", prefetch, 1),
+            ("chain kv_evict_first", evict, 1),
+            ("chain l2_prefetch kv_evict_first", both, 1),
         ]
+        variants = [v for v in variants if args.variants is None or v[0] in args.variants]
+        variants.append(("chain again", base, 1))  # the baseline once more: the machine's drift over the rows
         variants += [(f"groups={g}", base, g) for g in groups] + [
             (f"groups={g} pdl={pdl.pdl}", pdl, g) for g in groups
         ]
@@ -103,9 +99,21 @@ def probe(args) -> dict:
             inputs[2].copy_(k0)
             inputs[3].copy_(v0)
             fn = grouped(inputs, n_slots, cfg, n_groups)
-            got = fn().clone()
+            try:
+                got = fn().clone()
+            except Exception as exc:  # a variant that does not build is a row, not the end of the probe
+                row = {
+                    "rows": args.rows,
+                    "length": length,
+                    "variant": name,
+                    "error": f"{type(exc).__name__}: {exc}"[:2000],
+                }
+                print(json.dumps(row), flush=True)
+                rows_out.append(row)
+                continue
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
-                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets, "equal_to_chain": bool(torch.equal(got, want)),
+                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets, "l2_prefetch": cfg.l2_prefetch,
+                   "kv_evict_first": cfg.kv_evict_first, "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
             print(json.dumps(row), flush=True)
@@ -152,6 +160,12 @@ def main() -> None:
     p.add_argument("--max-slots", type=int, default=1024)
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--ncu", action="store_true")
+    p.add_argument(
+        "--variants",
+        type=lambda t: t.split(";"),
+        default=None,
+        help="';'-separated chain variants to run (default: all), e.g. 'chain;chain l2_prefetch'",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.ncu:

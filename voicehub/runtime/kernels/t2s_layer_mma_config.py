@@ -1,8 +1,8 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA
-instruction, so a config is fixed per model shape and never chosen by the batch size or the KV bucket
-(a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a
+Every field but pdl, pdl_late, ffn_tickets, l2_prefetch and kv_evict_first changes the order of float
+operations or the MMA instruction, so a config is fixed per model shape and never chosen by the batch
+size or the KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a
 GPU; CONFIGS holds the winners.
 """
 
@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import triton
 
 MIN_DOT = 16  # tl.dot's smallest tile side
+_ANY_VALUE = (  # fields free of the power-of-two rule
+    "pdl", "pdl_late", "gemm_stages", "prenorm", "attn_out", "ffn_tickets", "l2_prefetch", "kv_evict_first",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,8 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl, pdl_late and ffn_tickets changes the order of float operations or the MMA
-    instruction: fixed per model shape, never chosen by the batch size or the bucket."""
+    Every field but pdl, pdl_late, ffn_tickets, l2_prefetch and kv_evict_first changes the order of float
+    operations or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
     block_n: int = 32
@@ -58,6 +61,14 @@ class MmaConfig:
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
+    # after each layer's qkv, a kernel on a side stream (forked and joined inside the step's graph)
+    # prefetches into L2 the weights the next GEMMs read (this layer's W1 and W2, the next layer's W_qkv
+    # and W_o, or the head's), kept before streamed data (evict_last), while attention runs: a hint, no
+    # effect on results (`t2s_layer_mma_triton.prefetch_weights`)
+    l2_prefetch: bool = False
+    # the attention kernel reads K and V with evict_first (streamed once a step: let weights stay in L2);
+    # no effect on results
+    kv_evict_first: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
@@ -67,9 +78,7 @@ class MmaConfig:
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         for name, value in vars(self).items():
-            if name in ("pdl", "pdl_late", "gemm_stages", "prenorm", "attn_out", "ffn_tickets") or (
-                name == "ffn_slices" and value == 0
-            ):
+            if name in _ANY_VALUE or (name == "ffn_slices" and value == 0):
                 continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
