@@ -8,7 +8,9 @@ kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 4
 - `groups=G`: the rows in G groups of 64/G, each group's whole stack on its own CUDA stream (forked
   and joined inside one graph), so one group's kernels fill the gaps of another's; its logits are
   compared bit for bit with `chain`'s (the kernels are batch-invariant: they must be equal);
-- `chain` at 16 and 32 rows, for the floor a group pays alone.
+- `chain` at 16 and 32 rows, for the floor a group pays alone;
+- `chain kv_evict_first=...`: the attention's K/V loads with L2 policy evict_first toggled; `chain again`:
+  the baseline once more, for the machine's drift (`--variants` picks the chain variants).
 With --ncu it instead runs one eager step at 1 and 64 rows between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off` to time every kernel alone (the sum against the graph's step time
 is the share of launch gaps and tails).
@@ -69,10 +71,7 @@ def probe(args) -> dict:
     # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
     out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
     tickets = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)  # ffn1 + ffn2: one kernel or two
-    # L2: the next GEMMs' weights prefetched beside attention, K/V read evict_first, both (no effect on values)
-    prefetch = dataclasses.replace(base, l2_prefetch=True)
-    evict = dataclasses.replace(base, kv_evict_first=True)
-    both = dataclasses.replace(base, l2_prefetch=True, kv_evict_first=True)
+    evict = dataclasses.replace(base, kv_evict_first=not base.kv_evict_first)  # K/V's L2 policy: same values
     rows_out = []
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = min(next(b for b in (256, 384, 512, 768, 1024) if b > length), args.max_slots)
@@ -86,9 +85,7 @@ def probe(args) -> dict:
             (f"chain pdl={pdl.pdl}", pdl, 1),
             ("chain pdl=True pdl_late=True", late, 1),
             (f"chain ffn_tickets={tickets.ffn_tickets}", tickets, 1),
-            ("chain l2_prefetch", prefetch, 1),
-            ("chain kv_evict_first", evict, 1),
-            ("chain l2_prefetch kv_evict_first", both, 1),
+            (f"chain kv_evict_first={evict.kv_evict_first}", evict, 1),
         ]
         variants = [v for v in variants if args.variants is None or v[0] in args.variants]
         variants.append(("chain again", base, 1))  # the baseline once more: the machine's drift over the rows
@@ -112,7 +109,7 @@ def probe(args) -> dict:
                 rows_out.append(row)
                 continue
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
-                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets, "l2_prefetch": cfg.l2_prefetch,
+                   "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets,
                    "kv_evict_first": cfg.kv_evict_first, "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
@@ -164,7 +161,7 @@ def main() -> None:
         "--variants",
         type=lambda t: t.split(";"),
         default=None,
-        help="';'-separated chain variants to run (default: all), e.g. 'chain;chain l2_prefetch'",
+        help="';'-separated chain variants to run (default: all), e.g. 'chain;chain kv_evict_first=False'",
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args()

@@ -1,9 +1,9 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl, pdl_late, ffn_tickets, l2_prefetch and kv_evict_first changes the order of float
-operations or the MMA instruction, so a config is fixed per model shape and never chosen by the batch
-size or the KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a
-GPU; CONFIGS holds the winners.
+Every field but pdl, pdl_late, ffn_tickets and kv_evict_first changes the order of float operations
+or the MMA instruction, so a config is fixed per model shape and never chosen by the batch size or the
+KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches
+it on a GPU; CONFIGS holds the winners.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import triton
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 _ANY_VALUE = (  # fields free of the power-of-two rule
-    "pdl", "pdl_late", "gemm_stages", "prenorm", "attn_out", "ffn_tickets", "l2_prefetch", "kv_evict_first",
+    "pdl", "pdl_late", "gemm_stages", "prenorm", "attn_out", "ffn_tickets", "kv_evict_first",
 )  # fmt: skip
 
 
@@ -26,8 +26,8 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl, pdl_late, ffn_tickets, l2_prefetch and kv_evict_first changes the order of float
-    operations or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
+    Every field but pdl, pdl_late, ffn_tickets and kv_evict_first changes the order of float operations
+    or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
     block_n: int = 32
@@ -61,13 +61,8 @@ class MmaConfig:
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
-    # after each layer's qkv, a kernel on a side stream (forked and joined inside the step's graph)
-    # prefetches into L2 the weights the next GEMMs read (this layer's W1 and W2, the next layer's W_qkv
-    # and W_o, or the head's), kept before streamed data (evict_last), while attention runs: a hint, no
-    # effect on results (`t2s_layer_mma_triton.prefetch_weights`)
-    l2_prefetch: bool = False
-    # the attention kernel reads K and V with evict_first (streamed once a step: let weights stay in L2);
-    # no effect on results
+    # the attention kernel reads K and V with evict_first (read once a step, ~60-100 MB a layer at 64 rows:
+    # the weights and partials stay in L2 instead); no effect on results
     kv_evict_first: bool = False
 
     def __post_init__(self) -> None:
@@ -97,6 +92,8 @@ class MmaConfig:
 # KV length 480; closed loop 1-64 streams +1.5-8%, 128 streams -6.5% (t2s_batch_triton_h200*.json).
 # Session 13 (t2s_rows_probe_h200.json, t2s_layer_mmagrid_attnout_h200.json): ffn_tickets (1,127 -> 1,173 us at
 # 64 rows, KV 480) and pdl_late (1,335-1,343 us) slower; a grid from this entry finds no faster single change.
+# Session 21 (t2s_rows_probe_h100_l2.json, H100): kv_evict_first 1,290 -> 1,253 us at 64 rows, KV 480, and
+# 1,535 -> 1,496 at 730 (bit-equal); weights prefetched into L2 beside attention (a side-stream kernel) slower.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
@@ -110,6 +107,7 @@ CONFIGS = {
         ffn2_splits=4,
         prenorm=True,
         attn_out=True,
+        kv_evict_first=True,
     )  # fmt: skip
 }
 

@@ -27,7 +27,6 @@ programmatic dependent launch as `t2s_layer_triton` does: a GEMM reads its first
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -343,81 +342,20 @@ def head_stage(
     )  # fmt: skip
 
 
-L2_LINE = 128  # bytes a prefetch instruction brings into L2
-PREFETCH_LINES = 128  # lines per prefetch program (one per thread at 4 warps)
-
-
-@triton.jit
-def _prefetch_lines(w_ptr, n_elems, LINES: tl.constexpr):
-    # lines [p * LINES, (p + 1) * LINES) of w's first n_elems elements into L2, evict_last (a hint)
-    per_line: tl.constexpr = 8 * 128 // w_ptr.dtype.element_ty.primitive_bitwidth
-    last = tl.cdiv(n_elems, per_line) - 1
-    first = tl.program_id(0) * LINES
-    if first <= last:
-        lines = tl.minimum(first + tl.arange(0, LINES), last).to(tl.int64)
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [w_ptr + lines * per_line],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-
-@triton.jit
-def _prefetch_kernel(w0, n0, w1, n1, w2, n2, w3, n3, LINES: tl.constexpr):
-    # program (p, t): weight t's lines of program p (`_prefetch_lines`)
-    t = tl.program_id(1)
-    if t == 0:
-        _prefetch_lines(w0, n0, LINES)
-    elif t == 1:
-        _prefetch_lines(w1, n1, LINES)
-    elif t == 2:
-        _prefetch_lines(w2, n2, LINES)
-    else:
-        _prefetch_lines(w3, n3, LINES)
-
-
-@functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
-
-
-def prefetch_weights(weights: list[torch.Tensor]) -> None:
-    """MmaConfig.l2_prefetch: the 4 weights (contiguous, never written) into L2 by one kernel on a side
-    stream that waits for the work queued so far and runs beside what follows (`join_prefetch` joins it)."""
-    side = _side_stream(weights[0].device)
-    side.wait_stream(torch.cuda.current_stream())
-    n_lines = max(triton.cdiv(w.numel() * w.element_size(), L2_LINE) for w in weights)
-    args = [a for w in weights for a in (w, w.numel())]
-    with torch.cuda.stream(side):
-        _prefetch_kernel[(triton.cdiv(n_lines, PREFETCH_LINES), len(weights))](*args, LINES=PREFETCH_LINES)
-
-
-def join_prefetch(device: torch.device) -> None:
-    """The current stream waits for the prefetches (a graph capture must join every stream it forked)."""
-    torch.cuda.current_stream().wait_stream(_side_stream(device))
-
-
 def step_rows(
     s: Scratch, x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
     lengths: torch.Tensor, n_slots: int, cfg: MmaConfig, logits: torch.Tensor,
 ) -> None:  # fmt: skip
     """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group)."""
-    prefetch = cfg.l2_prefetch and x.is_cuda  # inline PTX: not on the CPU interpreter
-    layers = weights.layers
     x_in, prev = x, None
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
-        if prefetch:
-            after = (layers[i + 1].qkv_weight, layers[i + 1].out_weight) if i + 1 < len(layers) else (
-                weights.head_weight, weights.head_weight)  # fmt: skip
-            prefetch_weights([layer.ffn1_weight, layer.ffn2_weight, *after])
         attention_stage(s, layer, k_cache[i], v_cache[i], lengths, n_slots, weights.eps, cfg)
         out_proj_stage(s, layer, weights.eps, cfg)
         ffn1_stage(s, layer, weights.eps, cfg)
         ffn2_stage(s, layer, weights.eps, cfg)
         x_in, prev = s.x_ffn, layer
-    head_stage(s, layers[-1], weights.head_weight, logits, weights.eps, cfg)
-    if prefetch:
-        join_prefetch(x.device)
+    head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
 
 
 def decode_stack_mma(
