@@ -5,6 +5,11 @@ op here replaces 2-12 torch kernels by one. Norm kernels take one row per progra
 registers (D <= 8192) and float32 statistics; sums the unfused code rounds to the tensor dtype
 (gate * y, x + gate * y) are rounded the same way here, so the residual stream is the torch one's
 bit for bit and only the normalised output differs by float rounding.
+
+Under torch.compile each op is one opaque custom op (`voicehub::dit_*`, new output tensors): torch 2.11's
+dynamo, tracing the kernel launches themselves, broke the graph at each and then failed on a symbolic
+launch width (and, before, on the rotary kernel's in-place writes to two views of one buffer);
+benchmarks/results/inductor_compile_h100_s20.json and inductor_compile_h100_s21.json.
 """
 
 from __future__ import annotations
@@ -123,6 +128,8 @@ def modulated_norm_triton(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The `triton` backend of DIT_MODULATED_NORM: [B, N, D] -> [B, N, D] in x's dtype."""
+    if out is None and torch.compiler.is_compiling():
+        return _modulated_norm_op(x, shift, scale, eps)
     _check_mod("dit_modulated_norm", x, shift, scale)
     x = _rows(x)
     y = torch.empty_like(x) if out is None else check_out(out, x.shape, x.dtype)
@@ -149,6 +156,8 @@ def residual_norm_triton(
     """The `triton` backend of DIT_RESIDUAL_NORM: -> (x + gate * y, its modulated norm), x's dtype.
 
     out: optional (residual, norm) contiguous tensors shaped like x to write into."""
+    if out is None and torch.compiler.is_compiling():
+        return _residual_norm_op(x, y, gate, mask, shift, scale, eps)
     check_residual_args("dit_residual_norm", x, y, gate, shift, scale, mask=mask)
     x, y = _rows(x), _rows(y)
     if out is None:
@@ -170,6 +179,8 @@ def gated_residual_triton(
     x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The `triton` backend of DIT_GATED_RESIDUAL: x + gate * y, [B, N, D] in x's dtype."""
+    if out is None and torch.compiler.is_compiling():
+        return _gated_residual_op(x, y, gate)
     check_residual_args("dit_gated_residual", x, y, gate)
     x, y = _rows(x), _rows(y)
     res = torch.empty_like(x) if out is None else check_out(out, x.shape, x.dtype)
@@ -184,21 +195,26 @@ def gated_residual_triton(
 def rope_triton(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `triton` backend of DIT_ROPE: rotates q's and k's first R channels in place; returns q, k.
+    """The `triton` backend of DIT_ROPE: rotates q's and k's first R channels in place; returns q, k
+    (under torch.compile: new tensors, q and k untouched).
 
     q, k: [B, N, C], channels contiguous (strided frames are fine: views of a packed QKV output);
-    cos, sin: [N, R] float32. Under torch.compile the rotation goes to new tensors (the same values;
-    q, k untouched): torch 2.11's inductor fails to functionalize a kernel that writes two views of one
-    buffer (benchmarks/results/inductor_compile_h100_s20.json)."""
+    cos, sin: [N, R] float32."""
     check_rope_args(q, k, cos, sin)
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError(
             f"dit_rope: q and k need contiguous channels, got strides {q.stride()}, {k.stride()}"
         )
-    qo, ko = (torch.empty_like(q), torch.empty_like(k)) if torch.compiler.is_compiling() else (q, k)
-    if qo.numel() and qo is not q:  # channels past R pass through unrotated
-        qo.copy_(q)
-        ko.copy_(k)
+    if torch.compiler.is_compiling():
+        return _rope_op(q, k, cos, sin)
+    _rope_launch(q, k, q, k, cos, sin)
+    return q, k
+
+
+def _rope_launch(
+    q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
+    # q, k rotated into qo, ko (the same tensors: in place); channels past R are not written
     b, n, _ = q.shape
     rot = cos.shape[-1]
     if q.numel():
@@ -208,4 +224,41 @@ def rope_triton(
             qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
             ROWS=ROPE_ROWS, BLOCK=triton.next_power_of_2(rot), num_warps=2,
         )  # fmt: skip
+
+
+# The ops as torch.compile sees them: opaque, outputs new contiguous tensors shaped like x (or q, k).
+@torch.library.custom_op("voicehub::dit_modulated_norm", mutates_args=())
+def _modulated_norm_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    return modulated_norm_triton(x, shift, scale, eps)
+
+
+@torch.library.custom_op("voicehub::dit_residual_norm", mutates_args=())
+def _residual_norm_op(
+    x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, mask: torch.Tensor | None, shift: torch.Tensor,
+    scale: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return residual_norm_triton(x, y, gate, mask, shift, scale, eps)
+
+
+@torch.library.custom_op("voicehub::dit_gated_residual", mutates_args=())
+def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return gated_residual_triton(x, y, gate)
+
+
+@torch.library.custom_op("voicehub::dit_rope", mutates_args=())
+def _rope_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    qo, ko = q.clone(memory_format=torch.contiguous_format), k.clone(memory_format=torch.contiguous_format)
+    _rope_launch(q, k, qo, ko, cos, sin)
     return qo, ko
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(t.shape)
+
+
+_modulated_norm_op.register_fake(lambda x, shift, scale, eps: _like(x))
+_residual_norm_op.register_fake(lambda x, y, gate, mask, shift, scale, eps: (_like(x), _like(x)))
+_gated_residual_op.register_fake(lambda x, y, gate: _like(x))
+_rope_op.register_fake(lambda q, k, cos, sin: (_like(q), _like(k)))

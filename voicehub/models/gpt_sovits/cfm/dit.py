@@ -241,12 +241,16 @@ class Attention(nn.Module):
         if self.qkv is None:
             return self.to_q(x), self.to_k(x), self.to_v(x)
         weight, bias = self.qkv
-        if self.to_q.weight.data_ptr() != weight.data_ptr():
+        return F.linear(x, weight, bias).split(self.to_q.out_features, dim=-1)
+
+    def check_packing(self) -> None:
+        """Raise if q/k/v's weights were replaced after packing (checked by DiT.forward, outside the blocks:
+        a data-pointer comparison inside a block would break a compiled block's graph)."""
+        if self.qkv is not None and self.to_q.weight.data_ptr() != self.qkv[0].data_ptr():
             raise RuntimeError(
                 "the DiT's q/k/v weights were replaced after packing (e.g. by .to()): "
                 "call DiT.set_kernels again to repack them"
             )
-        return F.linear(x, weight, bias).split(self.to_q.out_features, dim=-1)
 
     def pack_qkv(self) -> None:
         """Make to_q/to_k/to_v's parameters views of one [3 * inner, dim] buffer (values unchanged)."""
@@ -373,6 +377,8 @@ class DiT(nn.Module):
 
     def forward(self, x, cond, text_emb, t, d_emb, mask=None, reuse: BlockReuse | None = None):
         # x, cond: [B, N, mel] noisy mel and prompt mel, text_emb: [B, N, text_dim], t: [B], d_emb: [B, dim]
+        for block in self.transformer_blocks:
+            block.attn.check_packing()
         temb = self.time_embed(t) + d_emb
         h = self.input_embed(x, cond, text_emb, mask)
         rope = self.rotary_embed(x.shape[1])
