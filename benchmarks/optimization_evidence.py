@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_meta import tree_commit
 
 from voicehub.optimization import TTSOptimizationConfig
 from voicehub.optimization.evidence import EXACTNESS, MAX_REL_L2, REJECTED, SCHEMA, VALIDATED, check_evidence
@@ -92,6 +93,7 @@ def versions() -> dict[str, str | None]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = None
+    out["voicehub"] = out["voicehub"] or tree_commit()  # a source tree (not installed): its commit
     return out
 
 
