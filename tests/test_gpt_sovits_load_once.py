@@ -94,7 +94,9 @@ def test_a_load_time_kernel_change_captures_the_graphs_once(tiny_set, monkeypatc
     )
     gpu = OptimizationContext(mode="inference", device="cuda", dtype="float16", gpu_arch="sm_90",
                               cuda_graph_preset="full")  # fmt: skip
-    apply_load_time_config(model, TTSOptimizationConfig(kernel_backend="triton"), context=gpu)
+    apply_load_time_config(
+        model, TTSOptimizationConfig(kernel_backend="triton", compile="disabled"), context=gpu
+    )
     model.load_runtime()
     decoder = model.pipeline.t2s_decoder
     assert decoder.kernels.layer_stack is stand_ins[registry.T2S_LAYER_STACK]
