@@ -17,9 +17,12 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "optimization_e
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("optimization_evidence", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # the script imports its sibling bench_meta, as it does when run from benchmarks/
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(SCRIPT.parent))
+        spec = importlib.util.spec_from_file_location("optimization_evidence", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module
 
 

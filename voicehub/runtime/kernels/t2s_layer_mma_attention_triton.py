@@ -142,6 +142,11 @@ def _head_out_proj(
         tl.store(rcount_ptr + b, 0)
 
 
+def kv_policy(cfg: MmaConfig) -> str:
+    """The K/V loads' L2 eviction policy (the kernel's KV_POLICY): evict_first with cfg.kv_evict_first."""
+    return "evict_first" if cfg.kv_evict_first else ""
+
+
 def attn_span(cfg: MmaConfig) -> int:
     return cfg.attn_block * cfg.attn_tiles  # KV slots per attention program
 
@@ -163,5 +168,5 @@ def attention_stage(
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
-        KV_POLICY="evict_first" if cfg.kv_evict_first else "", num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+        KV_POLICY=kv_policy(cfg), num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip
