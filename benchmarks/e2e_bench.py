@@ -140,7 +140,7 @@ def load_profile(set_dir: Path, device: str, dtype: str, profile: str, strict: b
         sync(device)
         return model, None
     # The kernels are chosen at load, as a user would: applied before the graphs are captured and warmed up.
-    # compile off: auto validates it on sm_90 since session 21 (~24 s at load); these profiles stay Triton alone
+    # compile off: auto turns it on for sm_90 since session 21 (~24 s at load); these profiles are Triton alone
     config = TTSOptimizationConfig(kernel_backend="triton", compile="disabled")
     try:
         model = AutoModelForTextToSpeech.from_pretrained(set_dir, optimization_config=config, **kw)

@@ -12,8 +12,9 @@ Parts (--parts, comma-separated; each wrapped: a failure prints its error and th
   (relative L2), and the sentence time; written as exactness evidence files.
 - gpt-compile-evidence: the same comparison for compile (inductor on the DiT blocks), its own part
   so the others never wait on the compiler; its timing is against auto's kernels without compile
-  (what auto would run otherwise), its outputs and tokens against native eager. OUT/gpt_compile_progress.json says which stage it
-  reached and when, so a run killed by its time limit still records how far the compile got.
+  (what auto would run otherwise), its outputs and tokens against native eager.
+  OUT/gpt_compile_progress.json says which stage it reached and when, so a run killed by its time
+  limit still records how far the compile got.
 - gpt-bench: the bench protocol: eager (graphs off), cuda_graphs (static KV + graphs, `full`),
   kernel_backend=triton and auto (both `full`).
 - score (CPU, after a GPU run): the quality gate on vits-bench's saved audio (WER, speaker
@@ -94,6 +95,7 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[dist] = None
     out["voicehub"] = out["voicehub"] or tree_commit()  # a source tree (not installed): its commit
+    out["voicehub_commit"] = tree_commit()  # VOICEHUB_COMMIT where the copy's .git lags, else git's HEAD
     return out
 
 

@@ -54,7 +54,7 @@ def grouped(inputs, n_slots: int, cfg, n_groups: int):
             ctx = torch.cuda.stream(side[g - 1]) if g and side else contextlib.nullcontext()
             with ctx:
                 mk.step_rows(scratch[g], x[lo:hi], w, k[:, lo:hi], v[:, lo:hi], lengths[lo:hi], n_slots, cfg,
-                          logits[lo:hi])  # fmt: skip
+                             logits[lo:hi])  # fmt: skip
         for stream in side:
             main.wait_stream(stream)
         return logits

@@ -72,7 +72,8 @@ def main() -> None:
     compile_sm90(attention._attention_kernel,
                  dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
                       TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
-                      BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg)), cfg.attn_warps, 3)  # fmt: skip
+                      BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg)),
+                 cfg.attn_warps, 3)  # fmt: skip
     compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
                  warps, stages)  # fmt: skip
     for pdl in (0, 1, 2):

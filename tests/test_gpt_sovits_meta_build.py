@@ -199,7 +199,8 @@ from voicehub.optimization.config import TTSOptimizationConfig
 voice = Voice(wav, text, "en")
 kw = dict(model_type="gpt-sovits-v3", device=device, default_voice=voice)
 if device == "cuda":
-    kw.update(cuda_graph_preset="minimal", optimization_config=TTSOptimizationConfig(kernel_backend="triton", compile="disabled"))
+    config = TTSOptimizationConfig(kernel_backend="triton", compile="disabled")
+    kw.update(cuda_graph_preset="minimal", optimization_config=config)
 model = AutoModelForTextToSpeech.from_pretrained(root, **kw)
 model.generate("One request.", voice=voice, seed=0, force_n_tokens=16, speed=1.0, how_to_cut="none")
 sys.setprofile(None)

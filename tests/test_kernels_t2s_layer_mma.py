@@ -421,15 +421,17 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("flag", ["ffn_tickets", "kv_evict_first"])
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
-def test_cuda_full_size_ticketed_ffn_is_bitwise_the_two_kernels(n_rows):
-    # the v3 table's config with ffn1 + ffn2 as one kernel of tickets: logits, k and v bitwise the two
-    # kernels', twice (its counters reset); 64 rows: four row blocks of ffn2 tiles waiting at once
+def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, flag):
+    # the v3 table's config with a flag that must not change a value toggled: ffn1 + ffn2 as one kernel of
+    # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy; logits, k and v
+    # bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
     base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
-    on = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)
+    on = dataclasses.replace(base, **{flag: not getattr(base, flag)})
     w = random_weights(**FULL, dtype=torch.float16, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(4)
     lengths = torch.randint(0, 1024, (n_rows,), generator=g, device="cuda")
@@ -439,10 +441,10 @@ def test_cuda_full_size_ticketed_ffn_is_bitwise_the_two_kernels(n_rows):
     outs = {}
     for cfg in (base, on, on):
         kc, vc = k.clone(), v.clone()
-        outs.setdefault(cfg.ffn_tickets, []).append(
+        outs.setdefault(getattr(cfg, flag), []).append(
             (mk.decode_stack_mma(x, w, kc, vc, lengths, 1024, config=cfg), kc, vc)
         )
-    want = outs[base.ffn_tickets][0]
-    for got in outs[on.ffn_tickets]:
+    want = outs[getattr(base, flag)][0]
+    for got in outs[getattr(on, flag)]:
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not want[0].isnan().any()

@@ -42,6 +42,17 @@ def voice(reference_wav):  # noqa: F811
     return Voice(reference_wav, REFERENCE_TEXT, "en")
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """No compiled graph of DiTBlock.forward from an earlier test: every block instance shares that code
+    object, and its cache entries (8 at most, per backend and batch) would be reused or run out."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def _audio(model, voice, steps: int = STEPS) -> np.ndarray:
     pipe = model.pipeline
     sentence = pipe.text_features("A short test sentence.", Language.EN)
@@ -155,7 +166,7 @@ def test_lazy_model_applies_the_schedule_when_its_weights_load(tiny_set):  # noq
     assert lazy.pipeline.sovits.cfm.estimator.schedule is uniform_steps
 
 
-def test_compile_is_exact_within_tolerance_and_restores(model, voice, monkeypatch):
+def test_compile_is_exact_within_tolerance_and_restores(model, voice, monkeypatch, fresh_dynamo):
     graphs = []  # one entry per graph the backend compiles
 
     def counting_backend(graph_module, example_inputs):
@@ -170,10 +181,12 @@ def test_compile_is_exact_within_tolerance_and_restores(model, voice, monkeypatc
     result = model.optimize(TTSOptimizationConfig(compile="required"))
     try:
         assert all(is_compiled(b) for b in blocks) and not is_compiled(pipe.vocoder)
-        # regional: the blocks are identical, one compiled graph (unmasked and masked) serves them all
-        assert len(graphs) == 2
+        # regional: the blocks are identical, one compiled graph (unmasked and masked; batch 1 and any
+        # batch above) serves them all
+        assert len(graphs) == 4
         compiled = _audio(model, voice)
-        assert len(graphs) == 2  # real calls of other lengths reuse them
+        _batched_dit_call(pipe.sovits.cfm.estimator, batch=5, frames=37)  # an engine's batched solve
+        assert len(graphs) == 4  # real calls of other lengths and batches reuse them
         (applied,) = json.loads(result.manifest())["applied"]
     finally:
         model.restore_tts_optimization()
@@ -184,7 +197,20 @@ def test_compile_is_exact_within_tolerance_and_restores(model, voice, monkeypatc
     assert np.array_equal(_audio(model, voice), native)
 
 
-def test_compile_with_the_step_cache_equals_the_step_cache_alone(model, voice, monkeypatch):
+def _batched_dit_call(est, batch: int, frames: int) -> None:
+    import torch
+
+    mel_dim, dim = est.proj_out.out_features, est.proj_out.in_features
+    text_dim = est.input_embed.proj.in_features - 2 * mel_dim
+    with torch.inference_mode():  # as the pipeline and the engine make their inputs
+        x = torch.randn(batch, mel_dim, frames).transpose(1, 2)
+        text = torch.randn(batch, text_dim, frames).transpose(1, 2)
+        mask = torch.ones(batch, frames, dtype=torch.bool)
+        mask[0, frames // 2 :] = False
+        est(x, torch.zeros_like(x), text, torch.rand(batch), torch.randn(batch, dim), mask)
+
+
+def test_compile_with_the_step_cache_equals_the_step_cache_alone(model, voice, monkeypatch, fresh_dynamo):
     monkeypatch.setattr(techniques, "COMPILE_BACKEND", "aot_eager")
     model.optimize(TTSOptimizationConfig(diffusion_cache="required"))
     try:
@@ -199,7 +225,7 @@ def test_compile_with_the_step_cache_equals_the_step_cache_alone(model, voice, m
     assert _rel(both, cached) <= 1e-5
 
 
-def test_a_compile_failure_raises_typed_and_rolls_back(model, monkeypatch):
+def test_a_compile_failure_raises_typed_and_rolls_back(model, monkeypatch, fresh_dynamo):
     def failing_backend(graph_module, example_inputs):
         raise RuntimeError("this backend cannot compile anything")
 
@@ -214,7 +240,7 @@ def test_a_compile_failure_raises_typed_and_rolls_back(model, monkeypatch):
     assert pipe.sovits.cfm.estimator.schedule is uniform_steps  # the transform before it was undone
 
 
-def test_compile_that_cannot_run_raises_before_anything_changes(model, monkeypatch):
+def test_compile_that_cannot_run_raises_before_anything_changes(model, monkeypatch, fresh_dynamo):
     monkeypatch.setattr(techniques, "COMPILE_BACKEND", "no-such-backend")
     with pytest.raises(OptimizationUnsupportedError, match="no backend 'no-such-backend'"):
         model.optimize(TTSOptimizationConfig(diffusion_sampling="required", compile="required"))

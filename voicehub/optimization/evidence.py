@@ -5,7 +5,8 @@ voicehub/optimization/evidence/. Two kinds:
 - "exactness" (exact techniques only): output tensors' relative L2 error against eager within
   the rule's tolerance (<= 1e-2 fp16/bf16, <= 1e-3 fp32) and no token mismatch at any step where
   eager's top-1/top-2 margin exceeds `margin_epsilon`; where the file also records `timing`
-  (eager_ms, optimized_ms of the same work), the technique must not be slower than eager;
+  (eager_ms, optimized_ms of the same work), the technique must not be slower than eager_ms's run
+  (eager, or for compile what auto runs without it: the file's timing.what says which);
 - "quality" (any technique; the only kind for approximate ones): the quality gate's reports of a
   fixed-seed comparison on a real checkpoint, under the gate's fixed thresholds.
 A file is loaded only if its recorded decision follows from its own numbers; otherwise

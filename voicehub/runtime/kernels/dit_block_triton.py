@@ -115,6 +115,11 @@ def _mod_stride(t: torch.Tensor) -> int:
     return t.stride(0)
 
 
+def _no_out_under_compile(op: str, out: object) -> None:
+    if out is not None:  # the custom op returns new tensors; a compiled caller takes its result
+        raise ValueError(f"{op}: out= is not supported under torch.compile; use the returned tensor")
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()  # a no-op for the DiT's activations
 
@@ -128,7 +133,8 @@ def modulated_norm_triton(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The `triton` backend of DIT_MODULATED_NORM: [B, N, D] -> [B, N, D] in x's dtype."""
-    if out is None and torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        _no_out_under_compile("dit_modulated_norm", out)
         return _modulated_norm_op(x, shift, scale, eps)
     _check_mod("dit_modulated_norm", x, shift, scale)
     x = _rows(x)
@@ -156,7 +162,8 @@ def residual_norm_triton(
     """The `triton` backend of DIT_RESIDUAL_NORM: -> (x + gate * y, its modulated norm), x's dtype.
 
     out: optional (residual, norm) contiguous tensors shaped like x to write into."""
-    if out is None and torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        _no_out_under_compile("dit_residual_norm", out)
         return _residual_norm_op(x, y, gate, mask, shift, scale, eps)
     check_residual_args("dit_residual_norm", x, y, gate, shift, scale, mask=mask)
     x, y = _rows(x), _rows(y)
@@ -179,7 +186,8 @@ def gated_residual_triton(
     x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The `triton` backend of DIT_GATED_RESIDUAL: x + gate * y, [B, N, D] in x's dtype."""
-    if out is None and torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        _no_out_under_compile("dit_gated_residual", out)
         return _gated_residual_op(x, y, gate)
     check_residual_args("dit_gated_residual", x, y, gate)
     x, y = _rows(x), _rows(y)

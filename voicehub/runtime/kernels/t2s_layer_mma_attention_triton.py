@@ -32,7 +32,8 @@ ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (Mm
 @triton.jit
 def _attend_tiles(
     q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
-    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr, KV_POLICY: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+    KV_POLICY: tl.constexpr,
 ):  # fmt: skip
     # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
     # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
