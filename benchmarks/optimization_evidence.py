@@ -94,8 +94,9 @@ def versions() -> dict[str, str | None]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = None
-    out["voicehub"] = out["voicehub"] or tree_commit()  # a source tree (not installed): its commit
-    out["voicehub_commit"] = tree_commit()  # VOICEHUB_COMMIT where the copy's .git lags, else git's HEAD
+    # VOICEHUB_COMMIT where the copy's .git lags, else git's HEAD; a source tree (not installed): voicehub too
+    out["voicehub_commit"] = tree_commit()
+    out["voicehub"] = out["voicehub"] or out["voicehub_commit"]
     return out
 
 

@@ -13,9 +13,6 @@ from dataclasses import dataclass
 import triton
 
 MIN_DOT = 16  # tl.dot's smallest tile side
-_ANY_VALUE = (  # fields free of the power-of-two rule
-    "pdl", "pdl_late", "gemm_stages", "prenorm", "attn_out", "ffn_tickets", "kv_evict_first",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,8 @@ class MmaConfig:
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         for name, value in vars(self).items():
-            if name in _ANY_VALUE or (name == "ffn_slices" and value == 0):
+            # the power-of-two rule spares the flags (bools), the pipelining depth and ffn_slices 0 (no fused FFN)
+            if isinstance(value, bool) or name == "gemm_stages" or (name == "ffn_slices" and value == 0):
                 continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
