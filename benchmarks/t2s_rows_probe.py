@@ -9,7 +9,8 @@ kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 4
   and joined inside one graph), so one group's kernels fill the gaps of another's; its logits are
   compared bit for bit with `chain`'s (the kernels are batch-invariant: they must be equal);
 - `chain` at 16 and 32 rows, for the floor a group pays alone;
-- `chain kv_evict_first=...`: the attention's K/V loads with L2 policy evict_first toggled; `chain again`:
+- `chain kv_evict_first=...`: the attention's K/V loads with L2 policy evict_first toggled;
+- `chain attn_stages=...`: the attention's tile loop pipelined (ATTN_STAGES); `chain again`:
   the baseline once more, for the machine's drift (`--variants` picks the chain variants).
 With --ncu it instead runs one eager step at 1 and 64 rows between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off` to time every kernel alone (the sum against the graph's step time
@@ -34,6 +35,14 @@ from t2s_layer_bench import SIZES, random_inputs, time_us
 from t2s_layer_bench import meta as layer_meta
 
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
+
+ATTN_STAGES = [
+    {"attn_stages": 2},
+    {"attn_stages": 3},
+    {"attn_stages": 2, "attn_warps": 4},
+    {"attn_stages": 3, "attn_block": 64, "attn_tiles": 16},
+    {"attn_stages": 4, "attn_block": 64, "attn_tiles": 16},
+]
 
 
 def grouped(inputs, n_slots: int, cfg, n_groups: int):
@@ -86,6 +95,15 @@ def probe(args) -> dict:
             ("chain pdl=True pdl_late=True", late, 1),
             (f"chain ffn_tickets={tickets.ffn_tickets}", tickets, 1),
             (f"chain kv_evict_first={evict.kv_evict_first}", evict, 1),
+        ] + [
+            # the attention's tile loop pipelined by Triton (cp.async, stages - 1 tiles ahead), at the table's
+            # tiles (the same values) and at smaller tiles or more warps (other values: a table change)
+            (
+                " ".join(["chain"] + [f"{k}={v}" for k, v in change.items()]),
+                dataclasses.replace(base, **change),
+                1,
+            )
+            for change in ATTN_STAGES
         ]
         variants = [v for v in variants if args.variants is None or v[0] in args.variants]
         variants.append(("chain again", base, 1))  # the baseline once more: the machine's drift over the rows
@@ -110,7 +128,7 @@ def probe(args) -> dict:
                 continue
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
                    "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets,
-                   "kv_evict_first": cfg.kv_evict_first, "equal_to_chain": bool(torch.equal(got, want)),
+                   "kv_evict_first": cfg.kv_evict_first, "attn_stages": cfg.attn_stages, "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
             print(json.dumps(row), flush=True)

@@ -31,6 +31,10 @@ INT32_PTRS = {"count_ptr", "gcount_ptr", "rcount_ptr", "count1_ptr", "count2_ptr
 INT64_PTRS = {"len_ptr", "acc_ptr", "acc_attn_ptr", "acc_ffn_ptr", "tok_ptr", "pos_ptr", "lo_ptr", "hi_ptr",
               "step_ptr", "vocab_ptr"}  # fmt: skip
 FLOATS = {"eps", "scale"}
+# what Triton's launcher marks divisible by 16 at v3's shapes and 64 rows: rows, widths, the KV bucket and
+# cache length, the K spans of split GEMMs, the activations' and caches' strides
+ALIGNED_INTS = {"n_rows", "dim", "ffn_dim", "n_in", "n_out", "n_slots", "max_slots", "k_span", "span1", "span2",
+                "sxb", "skb", "skh", "sks", "svb", "svh", "svs"}  # fmt: skip
 
 
 def signature(fn, constexprs: dict, overrides: dict) -> dict:
@@ -51,12 +55,28 @@ def signature(fn, constexprs: dict, overrides: dict) -> dict:
     return {name: kind(name) for name in inspect.signature(fn.fn).parameters}
 
 
+def aligned(fn, constexprs: dict) -> dict:
+    """Triton's divisibility-by-16 attributes, as its launcher marks them: every pointer (torch's
+    allocations) and the sizes and strides that are multiples of 16 (ALIGNED_INTS) (without them no
+    vector loads and no cp.async pipelining are compiled)."""
+    names = [name for name in inspect.signature(fn.fn).parameters]
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+            if name not in constexprs and (name.endswith("_ptr") or name in ALIGNED_INTS)}  # fmt: skip
+
+
 def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, **overrides: str) -> None:
-    src = ASTSource(fn=fn, signature=signature(fn, constexprs, overrides), constexprs=constexprs)
+    src = ASTSource(
+        fn=fn,
+        signature=signature(fn, constexprs, overrides),
+        constexprs=constexprs,
+        attrs=aligned(fn, constexprs),
+    )
     kernel = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
-    print(f"{fn.fn.__name__} {sorted(constexprs.items())}: {kernel.metadata.shared} B shared", flush=True)
+    ptx = kernel.asm["ptx"]
+    print(f"{fn.fn.__name__} {sorted(constexprs.items())}: {kernel.metadata.shared} B shared, "
+          f"{ptx.count('cp.async.cg')} cp.async", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -69,11 +89,12 @@ def main() -> None:
         compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, RAW=raw,
                                            STORED=stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits),
                      warps, stages)  # fmt: skip
-    compile_sm90(attention._attention_kernel,
-                 dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
-                      TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
-                      BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg)),
-                 cfg.attn_warps, 3)  # fmt: skip
+    for stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
+        compile_sm90(attention._attention_kernel,
+                     dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
+                          TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
+                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg), STAGES=stages),
+                     cfg.attn_warps, 3)  # fmt: skip
     compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
                  warps, stages)  # fmt: skip
     for pdl in (0, 1, 2):

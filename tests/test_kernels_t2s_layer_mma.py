@@ -131,6 +131,18 @@ def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split,
             assert torch.equal(alone[0], five[row]), (row, n_slots)
 
 
+def test_pipelined_attention_tiles_give_the_same_bits(mk):
+    # attn_stages 3: the tile loop written for Triton's pipeliner (on a GPU its K/V loads run two tiles
+    # ahead) visits the same tiles with the same math: bitwise the plain loop, with programs of two
+    # tiles (merged) and the out-projection in the attention kernel, as the v3 table has it
+    x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
+    plain = mk.MmaConfig(**BLOCKS, attn_tiles=2, prenorm=True, **SPLITS, attn_out=True)
+    want = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=plain)
+    piped = dataclasses.replace(plain, attn_stages=3)
+    assert torch.equal(mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=piped), want)
+    assert not want.isnan().any()
+
+
 @pytest.mark.parametrize("splits", [1, 2, 8])
 def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, splits):
     # K 128 in chunks of 16: 8 chunks in 1, 2 or 8 splits; twice on one scratch (the counters reset)
@@ -290,6 +302,8 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(pdl=False, pdl_late=True)
     with pytest.raises(ValueError, match="ffn_slices must be 0"):
         mk.MmaConfig(ffn_slices=4, ffn_tickets=True)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        mk.MmaConfig(attn_stages=0)
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
 
 
@@ -421,30 +435,31 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flag", ["ffn_tickets", "kv_evict_first"])
+@pytest.mark.parametrize("change", [{"ffn_tickets": True}, {"kv_evict_first": False}, {"attn_stages": 2},
+                                    {"attn_stages": 3}])  # fmt: skip
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
-def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, flag):
-    # the v3 table's config with a flag that must not change a value toggled: ffn1 + ffn2 as one kernel of
-    # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy; logits, k and v
-    # bitwise the table's, twice (the ticket counters reset)
+def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
+    # the v3 table's config with a field that must not change a value changed: ffn1 + ffn2 as one kernel of
+    # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy, the attention's
+    # tile loop pipelined (cp.async); logits, k and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
     base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
-    on = dataclasses.replace(base, **{flag: not getattr(base, flag)})
+    on = dataclasses.replace(base, **change)
+    if on == base:
+        pytest.skip(f"the table already has {change}")
     w = random_weights(**FULL, dtype=torch.float16, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(4)
     lengths = torch.randint(0, 1024, (n_rows,), generator=g, device="cuda")
     shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
     k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
     x = torch.randn(n_rows, FULL["dim"], generator=g, device="cuda").half()
-    outs = {}
+    outs = []
     for cfg in (base, on, on):
         kc, vc = k.clone(), v.clone()
-        outs.setdefault(getattr(cfg, flag), []).append(
-            (mk.decode_stack_mma(x, w, kc, vc, lengths, 1024, config=cfg), kc, vc)
-        )
-    want = outs[getattr(base, flag)][0]
-    for got in outs[getattr(on, flag)]:
+        outs.append((mk.decode_stack_mma(x, w, kc, vc, lengths, 1024, config=cfg), kc, vc))
+    want = outs[0]
+    for got in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not want[0].isnan().any()

@@ -30,14 +30,38 @@ ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (Mm
 
 
 @triton.jit
+def _attend_tile(
+    q, k_row, v_row, slots, n, dims, dmask, scale, sks, svs, m, denom, acc, KV_POLICY: tl.constexpr,
+):  # fmt: skip
+    # One tile of the online softmax: the state (m, denom, acc) after the slots `slots` (those < n live)
+    live = slots < n
+    kv_mask = live[:, None] & dmask[None, :]
+    k = tl.load(
+        k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+    )
+    v = tl.load(
+        v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+    )
+    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+    alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+    p = tl.exp(s - m_new)
+    denom = denom * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    return m_new, denom, acc
+
+
+@triton.jit
 def _attend_tiles(
     q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-    KV_POLICY: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
     # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
-    # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge).
+    # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge). STAGES > 1: Triton
+    # pipelines the tiles' K/V loads (cp.async into shared memory, STAGES - 1 tiles ahead; the same values
+    # and operations); 1: each tile's loads, then its math.
     dims = tl.arange(0, DH)
     dmask = dims < HEAD_DIM
     q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
@@ -47,23 +71,17 @@ def _attend_tiles(
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     acc = tl.zeros([DH], tl.float32)
-    for t in range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)):
-        slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
-        live = slots < n
-        kv_mask = live[:, None] & dmask[None, :]
-        k = tl.load(
-            k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-        )
-        v = tl.load(
-            v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-        )
-        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
-        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-        p = tl.exp(s - m_new)
-        denom = denom * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        m = m_new
+    n_tiles = tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)
+    if STAGES > 1:
+        for t in tl.range(0, n_tiles, num_stages=STAGES):
+            slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
+            m, denom, acc = _attend_tile(q, k_row, v_row, slots, n, dims, dmask, scale, sks, svs, m, denom, acc,
+                                         KV_POLICY)  # fmt: skip
+    else:
+        for t in range(0, n_tiles):
+            slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
+            m, denom, acc = _attend_tile(q, k_row, v_row, slots, n, dims, dmask, scale, sks, svs, m, denom, acc,
+                                         KV_POLICY)  # fmt: skip
     return m, denom, acc
 
 
@@ -74,7 +92,7 @@ def _attention_kernel(
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr,
+    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
     # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
@@ -84,7 +102,7 @@ def _attention_kernel(
     b = tl.program_id(2)
     n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
     m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
-                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY)  # fmt: skip
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
     dims = tl.arange(0, DH)
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty
@@ -169,5 +187,5 @@ def attention_stage(
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
-        KV_POLICY=kv_policy(cfg), num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip

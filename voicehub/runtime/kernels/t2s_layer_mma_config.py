@@ -35,6 +35,9 @@ class MmaConfig:
     gemm_warps: int = 4
     attn_warps: int = 4
     gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
+    # the attention's tile loop: 1, each tile's K/V loads then its math; n > 1, Triton pipelines the loads
+    # (cp.async into shared memory, n - 1 tiles ahead; the cache hint of kv_evict_first does not apply)
+    attn_stages: int = 1
     pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
     # with pdl, a kernel lets the next one launch only once its own wait is over (at most two kernels on
     # the GPU at a time), not at its start: no effect on results
@@ -69,9 +72,12 @@ class MmaConfig:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
+        if self.gemm_stages < 1 or self.attn_stages < 1:
+            raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
-            # the power-of-two rule spares the flags (bools), the pipelining depth and ffn_slices 0 (no fused FFN)
-            if isinstance(value, bool) or name == "gemm_stages" or (name == "ffn_slices" and value == 0):
+            # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
+            spared = name in ("gemm_stages", "attn_stages") or (name == "ffn_slices" and value == 0)
+            if isinstance(value, bool) or spared:
                 continue
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MmaConfig.{name} must be a power of two, got {value}")
