@@ -36,6 +36,7 @@ event, one per round).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -56,6 +57,7 @@ from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, 
 from voicehub.models.gpt_sovits.t2s.scheduler import PREFILL_ROWS, T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SRequest
 from voicehub.runtime.kernels import registry
+from voicehub.runtime.kernels import t2s_layer_mma_config as mma_config
 from voicehub.runtime.kv_cache import pick_bucket
 from voicehub.runtime.scheduler import ContinuousScheduler
 from voicehub.server.pool import freeze_long_lived
@@ -71,6 +73,18 @@ def stream_request(config, i: int, n_tokens: int) -> T2SRequest:
     else:
         params = T2SSamplingParams(seed=i, top_k=5, top_p=1.0, temperature=0.6, force_n_tokens=n_tokens)
     return T2SRequest(*random_prompt(config, N_PHONES, N_PROMPT, seed=1000 + i), params)
+
+
+def parse_change(text: str) -> dict:
+    """'attn_stages=2,kv_evict_first=false' -> {"attn_stages": 2, "kv_evict_first": False}: MmaConfig fields."""
+    fields = {f.name: f.type for f in dataclasses.fields(mma_config.MmaConfig)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in fields:
+            raise argparse.ArgumentTypeError(f"MmaConfig has no field {name!r}")
+        out[name] = value.lower() == "true" if fields[name] in (bool, "bool") else int(value)
+    return out
 
 
 def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | None:
@@ -287,12 +301,22 @@ def main() -> None:
     )
     p.add_argument("--rows-stack", default="mma", choices=["mma", "gemv"],
                    help="with --kernels triton: the many-row layer stack, or the one-row GEMV stack")  # fmt: skip
+    p.add_argument(
+        "--mma-change",
+        type=parse_change,
+        default={},
+        help="fields of the many-row stack's table entry changed for this run, e.g. attn_stages=2 (a candidate "
+        "measured in the engine before it goes in the table)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     t_start = time.perf_counter()
     levels = [int(x) for x in args.levels.split(",")]
     ckpt, make_s = timed(lambda: make_t2s_checkpoint(f"/tmp/t2s_{args.size}.ckpt", args.size, seed=0))
     (model, config), load_s = timed(lambda: load_t2s(ckpt, device=args.device, dtype=args.dtype))
+    if args.mma_change:
+        key = (config.hidden_dim, config.ffn_dim, config.n_head, config.vocab_size)
+        mma_config.CONFIGS[key] = replace(mma_config.config_for(*key), **args.mma_change)
     on_gpu = torch.device(args.device).type == "cuda"
     max_seq = max(KV_BUCKETS)
     if N_PHONES + N_PROMPT + args.n_tokens > max_seq:
@@ -367,6 +391,7 @@ def main() -> None:
     info["kernels"] = {
         "backend": args.kernels,
         "rows_stack": args.rows_stack if args.kernels != "native" else None,
+        "mma_change": args.mma_change,
     }
     result["meta"] = info
     print(
