@@ -98,6 +98,8 @@ class MmaConfig:
 # 64 rows, KV 480) and pdl_late (1,335-1,343 us) slower; a grid from this entry finds no faster single change.
 # Session 21 (t2s_rows_probe_h100_l2.json, H100): kv_evict_first 1,290 -> 1,253 us at 64 rows, KV 480, and
 # 1,535 -> 1,496 at 730 (bit-equal); weights prefetched into L2 beside attention (a side-stream kernel) slower.
+# Session 22 (t2s_rows_probe_h100_stages.json, H100): attn_stages 2 / 3 (the tile loop pipelined, bit-equal)
+# slower, 1,250 -> 1,341 / 1,453 us at 64 rows, KV 480.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
