@@ -59,7 +59,7 @@ def aligned(fn, constexprs: dict) -> dict:
     """Triton's divisibility-by-16 attributes, as its launcher marks them: every pointer (torch's
     allocations) and the sizes and strides that are multiples of 16 (ALIGNED_INTS) (without them no
     vector loads and no cp.async pipelining are compiled)."""
-    names = [name for name in inspect.signature(fn.fn).parameters]
+    names = list(inspect.signature(fn.fn).parameters)
     return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
             if name not in constexprs and (name.endswith("_ptr") or name in ALIGNED_INTS)}  # fmt: skip
 

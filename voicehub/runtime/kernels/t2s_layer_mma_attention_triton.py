@@ -30,28 +30,6 @@ ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (Mm
 
 
 @triton.jit
-def _attend_tile(
-    q, k_row, v_row, slots, n, dims, dmask, scale, sks, svs, m, denom, acc, KV_POLICY: tl.constexpr,
-):  # fmt: skip
-    # One tile of the online softmax: the state (m, denom, acc) after the slots `slots` (those < n live)
-    live = slots < n
-    kv_mask = live[:, None] & dmask[None, :]
-    k = tl.load(
-        k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-    )
-    v = tl.load(
-        v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-    )
-    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
-    alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-    p = tl.exp(s - m_new)
-    denom = denom * alpha + tl.sum(p, axis=0)
-    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-    return m_new, denom, acc
-
-
-@triton.jit
 def _attend_tiles(
     q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
@@ -71,17 +49,24 @@ def _attend_tiles(
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     acc = tl.zeros([DH], tl.float32)
-    n_tiles = tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)
-    if STAGES > 1:
-        for t in tl.range(0, n_tiles, num_stages=STAGES):
-            slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
-            m, denom, acc = _attend_tile(q, k_row, v_row, slots, n, dims, dmask, scale, sks, svs, m, denom, acc,
-                                         KV_POLICY)  # fmt: skip
-    else:
-        for t in range(0, n_tiles):
-            slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
-            m, denom, acc = _attend_tile(q, k_row, v_row, slots, n, dims, dmask, scale, sks, svs, m, denom, acc,
-                                         KV_POLICY)  # fmt: skip
+    # num_stages 1 compiles to the plain loop's code (PTX compared on Triton 3.6 and 3.9)
+    for t in tl.range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES), num_stages=STAGES):
+        slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
+        live = slots < n
+        kv_mask = live[:, None] & dmask[None, :]
+        k = tl.load(
+            k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+        )
+        v = tl.load(
+            v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+        )
+        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+        p = tl.exp(s - m_new)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m = m_new
     return m, denom, acc
 
 
