@@ -36,7 +36,6 @@ event, one per round).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import statistics
@@ -49,6 +48,7 @@ from pathlib import Path
 
 import torch
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, meta, timed
+from t2s_layer_bench import parse_change
 
 from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
@@ -73,18 +73,6 @@ def stream_request(config, i: int, n_tokens: int) -> T2SRequest:
     else:
         params = T2SSamplingParams(seed=i, top_k=5, top_p=1.0, temperature=0.6, force_n_tokens=n_tokens)
     return T2SRequest(*random_prompt(config, N_PHONES, N_PROMPT, seed=1000 + i), params)
-
-
-def parse_change(text: str) -> dict:
-    """'attn_stages=2,kv_evict_first=false' -> {"attn_stages": 2, "kv_evict_first": False}: MmaConfig fields."""
-    fields = {f.name: f.type for f in dataclasses.fields(mma_config.MmaConfig)}
-    out = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
-        if name not in fields:
-            raise argparse.ArgumentTypeError(f"MmaConfig has no field {name!r}")
-        out[name] = value.lower() == "true" if fields[name] in (bool, "bool") else int(value)
-    return out
 
 
 def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | None:

@@ -43,6 +43,7 @@ import torch
 from bench_meta import tree_commit
 
 from voicehub.runtime.kernels import t2s_layer as ref
+from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
 
 SIZES = {  # n_layer, dim, n_head, ffn_dim, vocab
     "full": (24, 512, 16, 2048, 1025),
@@ -115,6 +116,18 @@ MMA_GRID = {
 }
 MMA_GRID_START = {"block_k": 256, "block_n": 64, "ffn_block": 128, "gemm_stages": 2, "attn_block": 256,
                   "attn_warps": 2, "pdl": False}  # fmt: skip
+
+
+def parse_change(text: str) -> dict:
+    """'attn_stages=2,kv_evict_first=false' -> {"attn_stages": 2, "kv_evict_first": False}: MmaConfig fields."""
+    fields = {f.name: f.type for f in dataclasses.fields(MmaConfig)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in fields:
+            raise argparse.ArgumentTypeError(f"MmaConfig has no field {name!r}")
+        out[name] = value.lower() == "true" if fields[name] in (bool, "bool") else int(value)
+    return out
 
 
 def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: torch.dtype, device: str):

@@ -11,7 +11,9 @@ kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 4
 - `chain` at 16 and 32 rows, for the floor a group pays alone;
 - `chain kv_evict_first=...`: the attention's K/V loads with L2 policy evict_first toggled;
 - `chain attn_stages=...`: the attention's tile loop pipelined (ATTN_STAGES); `chain again`:
-  the baseline once more, for the machine's drift (`--variants` picks the chain variants).
+  the baseline once more, for the machine's drift (`--variants` picks the chain variants, and runs any
+  other `chain field=value ...` asked for: the table's entry with those MmaConfig fields changed,
+  e.g. 'chain kv_prefetch=256').
 With --ncu it instead runs one eager step at 1 and 64 rows between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off` to time every kernel alone (the sum against the graph's step time
 is the share of launch gaps and tails).
@@ -31,7 +33,7 @@ import sys
 from pathlib import Path
 
 import torch
-from t2s_layer_bench import SIZES, random_inputs, time_us
+from t2s_layer_bench import SIZES, parse_change, random_inputs, time_us
 from t2s_layer_bench import meta as layer_meta
 
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
@@ -105,7 +107,11 @@ def probe(args) -> dict:
             )
             for change in ATTN_STAGES
         ]
+        known = {v[0] for v in variants} | {"chain again"}
         variants = [v for v in variants if args.variants is None or v[0] in args.variants]
+        # any other 'chain field=value ...' asked for: the table's entry with those fields changed
+        variants += [(name, dataclasses.replace(base, **parse_change(name.split(" ", 1)[1].replace(" ", ","))), 1)
+                     for name in args.variants or () if name not in known and name.startswith("chain ")]  # fmt: skip
         variants.append(("chain again", base, 1))  # the baseline once more: the machine's drift over the rows
         variants += [(f"groups={g}", base, g) for g in groups] + [
             (f"groups={g} pdl={pdl.pdl}", pdl, g) for g in groups
@@ -128,7 +134,7 @@ def probe(args) -> dict:
                 continue
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
                    "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets,
-                   "kv_evict_first": cfg.kv_evict_first, "attn_stages": cfg.attn_stages,
+                   "kv_evict_first": cfg.kv_evict_first, "attn_stages": cfg.attn_stages, "kv_prefetch": cfg.kv_prefetch,
                    "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)

@@ -304,6 +304,17 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(ffn_slices=4, ffn_tickets=True)
     with pytest.raises(ValueError, match="must be >= 1"):
         mk.MmaConfig(attn_stages=0)
+    with pytest.raises(ValueError, match="kv_prefetch must be a power of two"):
+        mk.MmaConfig(kv_prefetch=300)
+    with pytest.raises(ValueError, match="slots must be contiguous"):  # checked before any stream is made
+        mk.prefetch_kv(k[0].transpose(1, 2), v[0].transpose(1, 2), lengths, N_SLOTS, 256)
+    # on the CPU interpreter the prefetch (inline PTX) is not launched: the same numbers
+    base = mk.MmaConfig(**BLOCKS)
+    prefetched = dataclasses.replace(base, kv_prefetch=256)
+    want = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=base)
+    assert torch.equal(
+        mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=prefetched), want
+    )
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
 
 
@@ -436,12 +447,13 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("change", [{"ffn_tickets": True}, {"kv_evict_first": False}, {"attn_stages": 2},
-                                    {"attn_stages": 3}])  # fmt: skip
+                                    {"attn_stages": 3}, {"kv_prefetch": 256}])  # fmt: skip
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
 def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: ffn1 + ffn2 as one kernel of
     # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy, the attention's
-    # tile loop pipelined (cp.async); logits, k and v bitwise the table's, twice (the ticket counters reset)
+    # tile loop pipelined (cp.async), K/V prefetched into L2 on a side stream; logits, k and v bitwise the
+    # table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
@@ -463,3 +475,30 @@ def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     for got in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not want[0].isnan().any()
+
+
+@pytest.mark.gpu
+def test_cuda_kv_prefetch_captures_in_a_graph_and_replays_the_same_bits():
+    # the prefetch's side stream forked and joined inside a CUDA graph capture (as the row engine captures
+    # its steps): the replay's logits, k and v bitwise an eager step's without the prefetch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    mk = importlib.import_module(MODULE)
+    base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
+    on = dataclasses.replace(base, kv_prefetch=256)
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    lengths = torch.randint(0, 1024, (64,), generator=g, device="cuda")
+    shape = (FULL["n_layer"], 64, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
+    x = torch.randn(64, FULL["dim"], generator=g, device="cuda").half()
+    kw, vw = k.clone(), v.clone()
+    want = mk.decode_stack_mma(x, w, kw, vw, lengths, 1024, config=base)
+    mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, 1024, config=on)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = mk.decode_stack_mma(x, w, k, v, lengths, 1024, config=on)
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want) and torch.equal(k, kw) and torch.equal(v, vw)

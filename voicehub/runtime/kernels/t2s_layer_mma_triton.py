@@ -35,6 +35,7 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
+from voicehub.runtime.kernels.t2s_kv_prefetch_triton import join_prefetch, prefetch_kv
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
@@ -346,16 +347,25 @@ def step_rows(
     s: Scratch, x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
     lengths: torch.Tensor, n_slots: int, cfg: MmaConfig, logits: torch.Tensor,
 ) -> None:  # fmt: skip
-    """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group)."""
+    """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group).
+    cfg.kv_prefetch: layer 0's K/V prefetched into L2 beside its qkv, layer i + 1's beside layer i's GEMMs."""
+    n_layer = len(weights.layers)
+    is_prefetched = cfg.kv_prefetch > 0 and x.is_cuda  # inline PTX: not on the CPU interpreter
+    if is_prefetched:
+        prefetch_kv(k_cache[0], v_cache[0], lengths, n_slots, cfg.kv_prefetch)
     x_in, prev = x, None
     for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
         attention_stage(s, layer, k_cache[i], v_cache[i], lengths, n_slots, weights.eps, cfg)
+        if is_prefetched and i + 1 < n_layer:
+            prefetch_kv(k_cache[i + 1], v_cache[i + 1], lengths, n_slots, cfg.kv_prefetch)
         out_proj_stage(s, layer, weights.eps, cfg)
         ffn1_stage(s, layer, weights.eps, cfg)
         ffn2_stage(s, layer, weights.eps, cfg)
         x_in, prev = s.x_ffn, layer
     head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
+    if is_prefetched:
+        join_prefetch(x.device)
 
 
 def decode_stack_mma(
