@@ -25,24 +25,23 @@ def _kv_prefetch_kernel(
     len_ptr, k_ptr, v_ptr, n_slots, max_slots, skb, skh, svb, svh, slot_elems,
     N_HEAD: tl.constexpr, LINES: tl.constexpr,
 ):  # fmt: skip
-    # Row b: the 128-byte lines of slots [0, min(lengths[b], n_slots, max_slots)) of each head's K and V
-    # (slot_elems elements a slot, slots contiguous), the K lines of every head first, then the V lines
+    # Program (b, 0): the 128-byte lines of slots [0, min(lengths[b], n_slots, max_slots)) of each head's K
+    # (slot_elems elements a slot, slots contiguous); (b, 1): V's
     b = tl.program_id(0)
     n = tl.minimum(tl.minimum(tl.load(len_ptr + b).to(tl.int32), n_slots), max_slots)
     per_line: tl.constexpr = 8 * 128 // k_ptr.dtype.element_ty.primitive_bitwidth
     n_lines = tl.cdiv(n * slot_elems, per_line)  # a head's lines
+    if tl.program_id(1) == 0:
+        row = k_ptr + b.to(tl.int64) * skb
+        stride = skh
+    else:
+        row = v_ptr + b.to(tl.int64) * svb
+        stride = svh
     if n_lines > 0:
-        total = 2 * N_HEAD * n_lines
-        b64 = b.to(tl.int64)
+        total = N_HEAD * n_lines
         for first in range(0, total, LINES):
             idx = tl.minimum(first + tl.arange(0, LINES), total - 1)  # past the end: the last line again
-            head = (idx // n_lines) % N_HEAD
-            line = (idx % n_lines).to(tl.int64) * per_line
-            is_v = idx >= N_HEAD * n_lines
-            k_at = k_ptr + b64 * skb + head * skh + line
-            v_at = v_ptr + b64 * svb + head * svh + line
-            # one address per lane: K's or V's (the two tensors' offsets differ, so both are formed)
-            at = tl.where(is_v, v_at, k_at)
+            at = row + (idx // n_lines) * stride + (idx % n_lines).to(tl.int64) * per_line
             tl.inline_asm_elementwise(
                 "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1
             )  # fmt: skip
@@ -70,7 +69,7 @@ def prefetch_kv(
     side = _side_stream(k_layer.device)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        _kv_prefetch_kernel[(n_rows,)](
+        _kv_prefetch_kernel[(n_rows, 2)](
             lengths, k_layer, v_layer, n_slots, max_slots, k_layer.stride(0), k_layer.stride(1),
             v_layer.stride(0), v_layer.stride(1), head_dim, N_HEAD=n_head, LINES=PREFETCH_LINES,
         )  # fmt: skip
