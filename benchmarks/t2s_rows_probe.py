@@ -7,13 +7,15 @@ kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 4
   `attn_out` toggled (the out-projection and LN1 inside the attention kernel, or its own kernel);
 - `groups=G`: the rows in G groups of 64/G, each group's whole stack on its own CUDA stream (forked
   and joined inside one graph), so one group's kernels fill the gaps of another's; its logits are
-  compared bit for bit with `chain`'s (the kernels are batch-invariant: they must be equal);
+  compared bit for bit with `chain`'s (the kernels are batch-invariant: they must be equal); the groups
+  run in step (each one's attention beside the others'); `chain row_groups=G` instead has the
+  attentions take turns (`step_groups`);
 - `chain` at 16 and 32 rows, for the floor a group pays alone;
 - `chain kv_evict_first=...`: the attention's K/V loads with L2 policy evict_first toggled;
 - `chain attn_stages=...`: the attention's tile loop pipelined (ATTN_STAGES); `chain again`:
   the baseline once more, for the machine's drift (`--variants` picks the chain variants, and runs any
   other `chain field=value ...` asked for: the table's entry with those MmaConfig fields changed,
-  e.g. 'chain kv_prefetch=256').
+  e.g. 'chain row_groups=2').
 With --ncu it instead runs one eager step at 1 and 64 rows between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off` to time every kernel alone (the sum against the graph's step time
 is the share of launch gaps and tails).
@@ -48,9 +50,21 @@ ATTN_STAGES = [
 
 
 def grouped(inputs, n_slots: int, cfg, n_groups: int):
-    """A callable stepping every row in n_groups row groups, group g on stream g (0: the caller's)."""
+    """A callable stepping every row in n_groups row groups, group g on stream g (0: the caller's), each
+    group's whole stack at once (no order between them); n_groups 1 with cfg.row_groups > 1: the stack's
+    own groups (`step_groups`: their attentions take turns)."""
     x, w, k, v, lengths = inputs
     n_rows = x.shape[0]
+    spans = mk.row_spans(n_rows, cfg)
+    if n_groups == 1 and len(spans) > 1:  # cfg.row_groups: the stack's own groups, attentions taking turns
+        phased = [mk.Scratch.allocate(hi - lo, w, k.shape[3], cfg) for lo, hi in spans]
+        out = torch.empty(n_rows, w.head_weight.shape[0], device=x.device, dtype=x.dtype)
+
+        def step_phased() -> torch.Tensor:
+            mk.step_groups(phased, spans, x, w, k, v, lengths, n_slots, cfg, out)
+            return out
+
+        return step_phased
     size = n_rows // n_groups
     spans = [(g * size, (g + 1) * size) for g in range(n_groups)]
     scratch = [mk.Scratch.allocate(size, w, k.shape[3], cfg) for _ in spans]
@@ -134,7 +148,7 @@ def probe(args) -> dict:
                 continue
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
                    "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets,
-                   "kv_evict_first": cfg.kv_evict_first, "attn_stages": cfg.attn_stages, "kv_prefetch": cfg.kv_prefetch,
+                   "kv_evict_first": cfg.kv_evict_first, "attn_stages": cfg.attn_stages, "row_groups": cfg.row_groups,
                    "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)

@@ -1,8 +1,8 @@
 """Compile the T2S step's Triton kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
 
-The many-row stack (the v3 table's config; PDL early and late on one kernel; the ticketed FFN; the K/V
-prefetch), the one-row stack (its table's config at one row, layer 0 gathering the embedding or not) and
-the per-row noise.
+The many-row stack (the v3 table's config; PDL early and late on one kernel; the ticketed FFN), the
+one-row stack (its table's config at one row, layer 0 gathering the embedding or not) and the per-row
+noise.
 
 Run by `test_kernels_compile_sm90.py` in a process of its own (the CPU tests import these modules under
 TRITON_INTERPRET=1, where `triton.jit` gives interpreted functions that do not compile). Prints one line
@@ -19,7 +19,6 @@ from triton.compiler import ASTSource
 
 from voicehub.runtime.kernels import row_noise_triton as noise
 from voicehub.runtime.kernels import t2s_ffn_ticket_triton as ticket
-from voicehub.runtime.kernels import t2s_kv_prefetch_triton as kv_prefetch
 from voicehub.runtime.kernels import t2s_layer_mma_attention_triton as attention
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mma
 from voicehub.runtime.kernels import t2s_layer_triton as one_row
@@ -35,7 +34,7 @@ FLOATS = {"eps", "scale"}
 # what Triton's launcher marks divisible by 16 at v3's shapes and 64 rows: rows, widths, the KV bucket and
 # cache length, the K spans of split GEMMs, the activations' and caches' strides
 ALIGNED_INTS = {"n_rows", "dim", "ffn_dim", "n_in", "n_out", "n_slots", "max_slots", "k_span", "span1", "span2",
-                "sxb", "skb", "skh", "sks", "svb", "svh", "svs", "slot_elems"}  # fmt: skip
+                "sxb", "skb", "skh", "sks", "svb", "svh", "svs"}  # fmt: skip
 
 
 def signature(fn, constexprs: dict, overrides: dict) -> dict:
@@ -106,7 +105,6 @@ def main() -> None:
                  dict(BLOCK_M=cfg.block_m, BLOCK_F=cfg.ffn_block, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       BLOCK_D=DIM, SPLITS1=cfg.ffn1_splits, SPLITS2=cfg.ffn2_splits, IEEE=False, PDL=0,
                       PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
-    compile_sm90(kv_prefetch._kv_prefetch_kernel, dict(N_HEAD=N_HEAD, LINES=kv_prefetch.PREFETCH_LINES), 4, 1)
 
     # the one-row stack at one row (a single stream), PDL as its table says; qkv: layer 0 gathering the
     # embedding, layer 0 given x, a later layer

@@ -3,7 +3,7 @@
 The CPU tests run these kernels in Triton's interpreter, which skips the compiler: it accepts what a
 compiled kernel refuses (a plain Python global read inside a kernel, session 13's first GPU run of the
 ticketed FFN) and never reaches ptxas. `compile_sm90.py` compiles each kernel of the many-row stack
-(the v3 table's config, PDL early / late, the ticketed FFN, the K/V prefetch), of the one-row stack and the per-row noise
+(the v3 table's config, PDL early / late, the ticketed FFN), of the one-row stack and the per-row noise
 through Triton's front end and ptxas, in a process of its own (the other tests import the modules
 interpreted).
 """
@@ -30,5 +30,5 @@ def test_step_kernels_compile_for_sm90_without_a_gpu():
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
     # many rows: two qkv, attention (its tile loop plain and pipelined), ffn1, ffn2 (PDL off, early, late),
-    # head, the ticketed FFN, the K/V prefetch; one row: three qkv, ffn, head, attention; the noise
-    assert len(lines) == 11 + 6 + 1 and all("B shared" in line for line in lines), proc.stdout
+    # head, the ticketed FFN; one row: three qkv, ffn, head, attention; the noise
+    assert len(lines) == 10 + 6 + 1 and all("B shared" in line for line in lines), proc.stdout

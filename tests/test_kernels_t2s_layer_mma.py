@@ -143,6 +143,22 @@ def test_pipelined_attention_tiles_give_the_same_bits(mk):
     assert not want.isnan().any()
 
 
+def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
+    # 34 rows in two groups (32 + 2; on the CPU one after another): bitwise one call over all rows
+    cfg = mk.MmaConfig(**BLOCKS)
+    assert mk.row_spans(64, dataclasses.replace(cfg, row_groups=2)) == [(0, 32), (32, 64)]
+    assert mk.row_spans(64, dataclasses.replace(cfg, row_groups=4)) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert mk.row_spans(48, dataclasses.replace(cfg, row_groups=2)) == [(0, 32), (32, 48)]
+    assert mk.row_spans(20, dataclasses.replace(cfg, row_groups=2)) == [(0, 20)]  # one row block: one group
+    x, w, k, v, lengths = stack_inputs(34, torch.float32, (LENGTHS * 2)[:34])
+    k_want, v_want = k.clone(), v.clone()
+    want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=cfg)
+    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=dataclasses.replace(cfg, row_groups=2))
+    assert torch.equal(got, want)
+    for cache, cache_want in ((k, k_want), (v, v_want)):  # NaN past each row's slots: never read
+        torch.testing.assert_close(cache, cache_want, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 8])
 def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, splits):
     # K 128 in chunks of 16: 8 chunks in 1, 2 or 8 splits; twice on one scratch (the counters reset)
@@ -304,17 +320,6 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(ffn_slices=4, ffn_tickets=True)
     with pytest.raises(ValueError, match="must be >= 1"):
         mk.MmaConfig(attn_stages=0)
-    with pytest.raises(ValueError, match="kv_prefetch must be a power of two"):
-        mk.MmaConfig(kv_prefetch=300)
-    with pytest.raises(ValueError, match="slots must be contiguous"):  # checked before any stream is made
-        mk.prefetch_kv(k[0].transpose(1, 2), v[0].transpose(1, 2), lengths, N_SLOTS, 256)
-    # on the CPU interpreter the prefetch (inline PTX) is not launched: the same numbers
-    base = mk.MmaConfig(**BLOCKS)
-    prefetched = dataclasses.replace(base, kv_prefetch=256)
-    want = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=base)
-    assert torch.equal(
-        mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=prefetched), want
-    )
     assert random_weights(**SHAPE).head_weight.shape == (SHAPE["vocab"], SHAPE["dim"])
 
 
@@ -447,13 +452,13 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("change", [{"ffn_tickets": True}, {"kv_evict_first": False}, {"attn_stages": 2},
-                                    {"attn_stages": 3}, {"kv_prefetch": 256}])  # fmt: skip
+                                    {"attn_stages": 3}, {"row_groups": 2}, {"row_groups": 4}])  # fmt: skip
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
 def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: ffn1 + ffn2 as one kernel of
     # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy, the attention's
-    # tile loop pipelined (cp.async), K/V prefetched into L2 on a side stream; logits, k and v bitwise the
-    # table's, twice (the ticket counters reset)
+    # tile loop pipelined (cp.async), the rows in groups on parallel streams (20 rows: one group); logits, k
+    # and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
@@ -478,14 +483,14 @@ def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
 
 
 @pytest.mark.gpu
-def test_cuda_kv_prefetch_captures_in_a_graph_and_replays_the_same_bits():
-    # the prefetch's side stream forked and joined inside a CUDA graph capture (as the row engine captures
-    # its steps): the replay's logits, k and v bitwise an eager step's without the prefetch
+def test_cuda_row_groups_capture_in_a_graph_and_replay_the_same_bits():
+    # the groups' side streams forked and joined inside a CUDA graph capture (as the row engine captures its
+    # steps), their attentions ordered by events: the replay's logits, k and v bitwise one group's eager step
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
     base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
-    on = dataclasses.replace(base, kv_prefetch=256)
+    on = dataclasses.replace(base, row_groups=2)
     w = random_weights(**FULL, dtype=torch.float16, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(5)
     lengths = torch.randint(0, 1024, (64,), generator=g, device="cuda")

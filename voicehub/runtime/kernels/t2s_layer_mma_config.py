@@ -1,6 +1,6 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl, pdl_late, ffn_tickets, kv_evict_first and kv_prefetch changes the order of float operations
+Every field but pdl, pdl_late, ffn_tickets, kv_evict_first and row_groups changes the order of float operations
 or the MMA instruction, so a config is fixed per model shape and never chosen by the batch size or the
 KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches
 it on a GPU; CONFIGS holds the winners.
@@ -23,7 +23,7 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl, pdl_late, ffn_tickets, kv_evict_first and kv_prefetch changes the order of float operations
+    Every field but pdl, pdl_late, ffn_tickets, kv_evict_first and row_groups changes the order of float operations
     or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
@@ -64,10 +64,11 @@ class MmaConfig:
     # the attention kernel reads K and V with evict_first (read once a step, ~60-100 MB a layer at 64 rows:
     # the weights and partials stay in L2 instead); no effect on results
     kv_evict_first: bool = False
-    # after each layer's attention (and at the step's start), a kernel on a side stream prefetches into L2
-    # the first kv_prefetch cached slots of every row's heads of the next layer while the GEMMs run
-    # (`t2s_kv_prefetch_triton`; 0: none); a hint, no effect on results
-    kv_prefetch: int = 0
+    # the rows in up to row_groups groups of whole row blocks, each group's kernels on a CUDA stream of its
+    # own (forked and joined inside the step), the groups' attentions taking turns (layer by layer, group by
+    # group): one group's GEMM chain (latency-bound) runs beside another's attention (bandwidth-bound). A
+    # row's kernels are those of a single group: no effect on results
+    row_groups: int = 1
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
@@ -79,11 +80,8 @@ class MmaConfig:
         if self.gemm_stages < 1 or self.attn_stages < 1:
             raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
-            # the power-of-two rule spares the flags (bools), the pipelining depths, ffn_slices 0 (no fused FFN)
-            # and kv_prefetch 0 (none)
-            spared = name in ("gemm_stages", "attn_stages") or (
-                name in ("ffn_slices", "kv_prefetch") and value == 0
-            )
+            # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
+            spared = name in ("gemm_stages", "attn_stages") or (name == "ffn_slices" and value == 0)
             if isinstance(value, bool) or spared:
                 continue
             if value < 1 or value & (value - 1):

@@ -27,6 +27,9 @@ programmatic dependent launch as `t2s_layer_triton` does: a GEMM reads its first
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +38,6 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
-from voicehub.runtime.kernels.t2s_kv_prefetch_triton import join_prefetch, prefetch_kv
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
@@ -347,25 +349,67 @@ def step_rows(
     s: Scratch, x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
     lengths: torch.Tensor, n_slots: int, cfg: MmaConfig, logits: torch.Tensor,
 ) -> None:  # fmt: skip
-    """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group).
-    cfg.kv_prefetch: layer 0's K/V prefetched into L2 beside its qkv, layer i + 1's beside layer i's GEMMs."""
-    n_layer = len(weights.layers)
-    is_prefetched = cfg.kv_prefetch > 0 and x.is_cuda  # inline PTX: not on the CPU interpreter
-    if is_prefetched:
-        prefetch_kv(k_cache[0], v_cache[0], lengths, n_slots, cfg.kv_prefetch)
+    """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group)."""
     x_in, prev = x, None
     for i, layer in enumerate(weights.layers):
         qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
         attention_stage(s, layer, k_cache[i], v_cache[i], lengths, n_slots, weights.eps, cfg)
-        if is_prefetched and i + 1 < n_layer:
-            prefetch_kv(k_cache[i + 1], v_cache[i + 1], lengths, n_slots, cfg.kv_prefetch)
         out_proj_stage(s, layer, weights.eps, cfg)
         ffn1_stage(s, layer, weights.eps, cfg)
         ffn2_stage(s, layer, weights.eps, cfg)
         x_in, prev = s.x_ffn, layer
     head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
-    if is_prefetched:
-        join_prefetch(x.device)
+
+
+def row_spans(n_rows: int, cfg: MmaConfig) -> list[tuple[int, int]]:
+    """cfg.row_groups: [lo, hi) of each group, whole row blocks (at most one group a row block)."""
+    n_groups = max(1, min(cfg.row_groups, n_rows // cfg.block_m))
+    size = triton.cdiv(triton.cdiv(n_rows, n_groups), cfg.block_m) * cfg.block_m
+    return [(lo, min(lo + size, n_rows)) for lo in range(0, n_rows, size)]
+
+
+@functools.cache
+def _group_stream(device: torch.device, group: int, thread: int) -> torch.cuda.Stream:
+    # per thread: two threads may capture graphs at once, and a capture joins the streams it forks
+    return torch.cuda.Stream(device)
+
+
+def step_groups(
+    scratch: list[Scratch], spans: list[tuple[int, int]], x: torch.Tensor, weights: StackWeights,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int, cfg: MmaConfig,
+    logits: torch.Tensor,
+) -> None:  # fmt: skip
+    """step_rows over row groups (`row_spans`, a scratch each): group 0 on the current stream, group g on a
+    side stream; each attention waits for the one before it in (layer, group) order, so the attentions
+    take turns while the other groups' GEMMs run. On the CPU the groups run one after another."""
+    on_gpu = x.is_cuda
+    main = torch.cuda.current_stream(x.device) if on_gpu else None
+    thread = threading.get_ident()
+    streams = [main] + [_group_stream(x.device, g, thread) for g in range(1, len(spans))] if on_gpu else []
+    for stream in streams[1:]:
+        stream.wait_stream(main)
+    x_in, prev, turn = [x[lo:hi] for lo, hi in spans], None, None
+    for i, layer in enumerate(weights.layers):
+        for g, ((lo, hi), s) in enumerate(zip(spans, scratch)):
+            with torch.cuda.stream(streams[g]) if on_gpu else contextlib.nullcontext():
+                k, v, rows = k_cache[i, lo:hi], v_cache[i, lo:hi], lengths[lo:hi]
+                qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
+                if turn is not None:
+                    streams[g].wait_event(turn)
+                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
+                if on_gpu:
+                    turn = torch.cuda.Event()
+                    turn.record(streams[g])
+                out_proj_stage(s, layer, weights.eps, cfg)
+                ffn1_stage(s, layer, weights.eps, cfg)
+                ffn2_stage(s, layer, weights.eps, cfg)
+                x_in[g] = s.x_ffn
+        prev = layer
+    for g, ((lo, hi), s) in enumerate(zip(spans, scratch)):
+        with torch.cuda.stream(streams[g]) if on_gpu else contextlib.nullcontext():
+            head_stage(s, weights.layers[-1], weights.head_weight, logits[lo:hi], weights.eps, cfg)
+    for stream in streams[1:]:
+        main.wait_stream(stream)
 
 
 def decode_stack_mma(
@@ -379,7 +423,12 @@ def decode_stack_mma(
     check_args(x, weights, k_cache, v_cache, lengths, n_slots)
     (vocab, dim), n_rows = weights.head_weight.shape, x.shape[0]
     cfg = config or config_for(dim, weights.layers[0].ffn1_weight.shape[0], weights.n_head, vocab)
-    s = Scratch.allocate(n_rows, weights, k_cache.shape[3], cfg)
     logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
-    step_rows(s, x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
+    spans = row_spans(n_rows, cfg)
+    if len(spans) == 1:
+        step_rows(Scratch.allocate(n_rows, weights, k_cache.shape[3], cfg), x, weights, k_cache, v_cache, lengths,
+                  n_slots, cfg, logits)  # fmt: skip
+    else:
+        scratch = [Scratch.allocate(hi - lo, weights, k_cache.shape[3], cfg) for lo, hi in spans]
+        step_groups(scratch, spans, x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
     return logits
