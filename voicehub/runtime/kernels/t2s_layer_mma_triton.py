@@ -22,7 +22,9 @@ the batch are masked to zero, and a tile's output element depends only on its ow
 Scratch buffers come per call (inside a CUDA graph, from the graph's pool); the attention counters
 are zeroed by the qkv kernel before the attention kernel counts. On Hopper and later the kernels use
 programmatic dependent launch as `t2s_layer_triton` does: a GEMM reads its first K chunk of weights
-(all of them when block_k covers the row) before it waits for the previous kernel.
+(all of them when block_k covers the row) before it waits for the previous kernel. With
+MmaConfig.row_groups the rows go in groups of whole row blocks, each on a CUDA stream of its own, the
+groups' attentions taking turns (`step_groups`): the same kernels a group, so the same numbers.
 """
 
 from __future__ import annotations
