@@ -351,16 +351,9 @@ def step_rows(
     s: Scratch, x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
     lengths: torch.Tensor, n_slots: int, cfg: MmaConfig, logits: torch.Tensor,
 ) -> None:  # fmt: skip
-    """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group)."""
-    x_in, prev = x, None
-    for i, layer in enumerate(weights.layers):
-        qkv_stage(s, x_in, prev, layer, k_cache[i], v_cache[i], lengths, weights.eps, cfg)
-        attention_stage(s, layer, k_cache[i], v_cache[i], lengths, n_slots, weights.eps, cfg)
-        out_proj_stage(s, layer, weights.eps, cfg)
-        ffn1_stage(s, layer, weights.eps, cfg)
-        ffn2_stage(s, layer, weights.eps, cfg)
-        x_in, prev = s.x_ffn, layer
-    head_stage(s, weights.layers[-1], weights.head_weight, logits, weights.eps, cfg)
+    """Every layer and the head into logits [B, V], with scratch s (a caller may hold one per row group):
+    `step_groups` with one group."""
+    step_groups([s], [(0, x.shape[0])], x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
 
 
 def row_spans(n_rows: int, cfg: MmaConfig) -> list[tuple[int, int]]:
@@ -381,10 +374,12 @@ def step_groups(
     k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int, cfg: MmaConfig,
     logits: torch.Tensor,
 ) -> None:  # fmt: skip
-    """step_rows over row groups (`row_spans`, a scratch each): group 0 on the current stream, group g on a
-    side stream; each attention waits for the one before it in (layer, group) order, so the attentions
-    take turns while the other groups' GEMMs run. On the CPU the groups run one after another."""
+    """Every layer and the head into logits [B, V] over row groups (`row_spans`, a scratch each): group 0 on
+    the current stream, group g on a side stream; with several groups each attention waits for the one
+    before it in (layer, group) order, so the attentions take turns while the other groups' GEMMs run. On
+    the CPU the groups run one after another."""
     on_gpu = x.is_cuda
+    is_turns = on_gpu and len(spans) > 1
     main = torch.cuda.current_stream(x.device) if on_gpu else None
     thread = threading.get_ident()
     streams = [main] + [_group_stream(x.device, g, thread) for g in range(1, len(spans))] if on_gpu else []
@@ -399,7 +394,7 @@ def step_groups(
                 if turn is not None:
                     streams[g].wait_event(turn)
                 attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
-                if on_gpu:
+                if is_turns:
                     turn = torch.cuda.Event()
                     turn.record(streams[g])
                 out_proj_stage(s, layer, weights.eps, cfg)
@@ -427,10 +422,6 @@ def decode_stack_mma(
     cfg = config or config_for(dim, weights.layers[0].ffn1_weight.shape[0], weights.n_head, vocab)
     logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
     spans = row_spans(n_rows, cfg)
-    if len(spans) == 1:
-        step_rows(Scratch.allocate(n_rows, weights, k_cache.shape[3], cfg), x, weights, k_cache, v_cache, lengths,
-                  n_slots, cfg, logits)  # fmt: skip
-    else:
-        scratch = [Scratch.allocate(hi - lo, weights, k_cache.shape[3], cfg) for lo, hi in spans]
-        step_groups(scratch, spans, x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
+    scratch = [Scratch.allocate(hi - lo, weights, k_cache.shape[3], cfg) for lo, hi in spans]
+    step_groups(scratch, spans, x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
     return logits
