@@ -55,7 +55,11 @@ def test_sinc_hann_equals_torchaudio(rates):
     ours = sinc_hann_resample(torch.from_numpy(data[f"in_{rates}"]), sr0, sr1).numpy()
     assert ours.shape == data[f"out_{rates}"].shape
     np.testing.assert_allclose(ours, data[f"out_{rates}"], atol=1e-6, rtol=0)
-    np.testing.assert_allclose(resample(data[f"in_{rates}"], sr0, sr1, "sinc_hann"), ours, atol=0, rtol=0)
+    # `resample(..., "sinc_hann")` must route to the same resampler. Not bit for bit: CPU conv1d can round
+    # differently (1 ulp) on another buffer of the same values. soxr, the other route, differs by far more.
+    routed = resample(data[f"in_{rates}"], sr0, sr1, "sinc_hann")
+    np.testing.assert_allclose(routed, ours, atol=1e-6, rtol=0)
+    assert np.abs(resample(data[f"in_{rates}"], sr0, sr1, "soxr_hq") - ours).max() > 1e-4
 
 
 def test_same_rate_is_a_copy():
