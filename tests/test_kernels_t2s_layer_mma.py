@@ -150,6 +150,11 @@ def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
     assert mk.row_spans(64, dataclasses.replace(cfg, row_groups=4)) == [(0, 16), (16, 32), (32, 48), (48, 64)]
     assert mk.row_spans(48, dataclasses.replace(cfg, row_groups=2)) == [(0, 32), (32, 48)]
     assert mk.row_spans(20, dataclasses.replace(cfg, row_groups=2)) == [(0, 20)]  # one row block: one group
+    wide = dataclasses.replace(cfg, row_groups=4, group_rows=32)  # at least 32 rows a group but the last
+    assert mk.row_spans(32, wide) == [(0, 32)]
+    assert mk.row_spans(64, wide) == [(0, 32), (32, 64)]
+    assert mk.row_spans(80, wide) == [(0, 48), (48, 80)]
+    assert mk.row_spans(128, wide) == [(0, 32), (32, 64), (64, 96), (96, 128)]
     x, w, k, v, lengths = stack_inputs(34, torch.float32, (LENGTHS * 2)[:34])
     k_want, v_want = k.clone(), v.clone()
     want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=cfg)
@@ -452,13 +457,14 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("change", [{"ffn_tickets": True}, {"kv_evict_first": False}, {"attn_stages": 2},
-                                    {"attn_stages": 3}, {"row_groups": 2}, {"row_groups": 4}])  # fmt: skip
+                                    {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
+                                    {"row_groups": 4, "group_rows": 1}])  # fmt: skip
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
 def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: ffn1 + ffn2 as one kernel of
     # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy, the attention's
-    # tile loop pipelined (cp.async), the rows in groups on parallel streams (20 rows: one group); logits, k
-    # and v bitwise the table's, twice (the ticket counters reset)
+    # tile loop pipelined (cp.async), the rows in one group or in groups of 16 / 32+ rows on parallel streams;
+    # logits, k and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
@@ -489,8 +495,9 @@ def test_cuda_row_groups_capture_in_a_graph_and_replay_the_same_bits():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
-    base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
-    on = dataclasses.replace(base, row_groups=2)
+    table = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
+    base = dataclasses.replace(table, row_groups=1)
+    on = dataclasses.replace(table, row_groups=2, group_rows=32)
     w = random_weights(**FULL, dtype=torch.float16, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(5)
     lengths = torch.randint(0, 1024, (64,), generator=g, device="cuda")

@@ -1,8 +1,8 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl, pdl_late, ffn_tickets, kv_evict_first and row_groups changes the order of float operations
-or the MMA instruction, so a config is fixed per model shape and never chosen by the batch size or the
-KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches
+Every field but pdl, pdl_late, ffn_tickets, kv_evict_first, row_groups and group_rows changes the order of
+float operations or the MMA instruction, so a config is fixed per model shape and never chosen by the batch
+size or the KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches
 it on a GPU; CONFIGS holds the winners.
 """
 
@@ -23,8 +23,8 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl, pdl_late, ffn_tickets, kv_evict_first and row_groups changes the order of float operations
-    or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
+    Every field but pdl, pdl_late, ffn_tickets, kv_evict_first, row_groups and group_rows changes the order of
+    float operations or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
 
     block_m: int = 16
     block_n: int = 32
@@ -69,6 +69,8 @@ class MmaConfig:
     # group): one group's GEMM chain (latency-bound) runs beside another's attention (bandwidth-bound). A
     # row's kernels are those of a single group: no effect on results
     row_groups: int = 1
+    # the fewest rows a row group takes (fewer groups at smaller batches: 16-row groups lost on an H100)
+    group_rows: int = 1
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
@@ -105,6 +107,9 @@ class MmaConfig:
 # 1,535 -> 1,496 at 730 (bit-equal); weights prefetched into L2 beside attention (a side-stream kernel) slower.
 # Session 22 (t2s_rows_probe_h100_stages.json, H100): attn_stages 2 / 3 (the tile loop pipelined, bit-equal)
 # slower, 1,250 -> 1,341 / 1,453 us at 64 rows, KV 480.
+# Session 25 (t2s_rows_probe_h100_row_groups.json, H100): row_groups 2 (two groups of 32 rows whose attentions take
+# turns) 1,516 -> 1,383 us at 64 rows, KV 730, equal at 480; four groups of 16 slower (1,570 / 1,970 us): groups
+# of at least 32 rows. Closed loop (t2s_batch_triton_h100_3ac7dfe*.json): 64 streams +2.2%, 128 streams +1.3%.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
@@ -119,6 +124,8 @@ CONFIGS = {
         prenorm=True,
         attn_out=True,
         kv_evict_first=True,
+        row_groups=2,
+        group_rows=32,
     )  # fmt: skip
 }
 

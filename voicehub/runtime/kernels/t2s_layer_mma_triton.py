@@ -357,8 +357,8 @@ def step_rows(
 
 
 def row_spans(n_rows: int, cfg: MmaConfig) -> list[tuple[int, int]]:
-    """cfg.row_groups: [lo, hi) of each group, whole row blocks (at most one group a row block)."""
-    n_groups = max(1, min(cfg.row_groups, n_rows // cfg.block_m))
+    """cfg.row_groups: [lo, hi) of each group, whole row blocks, at least cfg.group_rows rows a group but the last."""
+    n_groups = max(1, min(cfg.row_groups, n_rows // max(cfg.block_m, cfg.group_rows)))
     size = triton.cdiv(triton.cdiv(n_rows, n_groups), cfg.block_m) * cfg.block_m
     return [(lo, min(lo + size, n_rows)) for lo in range(0, n_rows, size)]
 
