@@ -2,8 +2,8 @@
 
 Every field but pdl, pdl_late, ffn_tickets, kv_evict_first, row_groups and group_rows changes the order of
 float operations or the MMA instruction, so a config is fixed per model shape and never chosen by the batch
-size or the KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches
-it on a GPU; CONFIGS holds the winners.
+size or the KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid`
+searches it on a GPU; CONFIGS holds the winners.
 """
 
 from __future__ import annotations
