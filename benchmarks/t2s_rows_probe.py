@@ -149,6 +149,7 @@ def probe(args) -> dict:
             row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name, "groups": n_groups,
                    "pdl": cfg.pdl, "attn_out": cfg.attn_out, "ffn_tickets": cfg.ffn_tickets,
                    "kv_evict_first": cfg.kv_evict_first, "attn_stages": cfg.attn_stages, "row_groups": cfg.row_groups,
+                   "group_rows": cfg.group_rows,
                    "equal_to_chain": bool(torch.equal(got, want)),
                    "rel_diff_to_chain": float((got.float() - want.float()).norm() / want.float().norm())}  # fmt: skip
             row["step_us"] = time_us(fn, args.device == "cuda", args.replays)
