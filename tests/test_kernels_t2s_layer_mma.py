@@ -455,14 +455,28 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
     assert torch.equal(mixed, got[five])
 
 
+# the table's config with fields of RESULT_FREE changed: each must leave every bit as it was
+RESULT_FREE_CHANGES = [
+    {"pdl": True}, {"pdl": True, "pdl_late": True}, {"ffn_tickets": True}, {"kv_evict_first": False},
+    {"attn_stages": 2}, {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
+    {"row_groups": 4, "group_rows": 1},
+]  # fmt: skip
+
+
+def test_result_free_changes_cover_exactly_the_result_free_fields():
+    from voicehub.runtime.kernels.t2s_layer_mma_config import RESULT_FREE, MmaConfig
+
+    changed = {name for change in RESULT_FREE_CHANGES for name in change}
+    assert changed == RESULT_FREE
+    assert RESULT_FREE <= {f.name for f in dataclasses.fields(MmaConfig)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("change", [{"ffn_tickets": True}, {"kv_evict_first": False}, {"attn_stages": 2},
-                                    {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
-                                    {"row_groups": 4, "group_rows": 1}])  # fmt: skip
+@pytest.mark.parametrize("change", RESULT_FREE_CHANGES)
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
 def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
-    # the v3 table's config with a field that must not change a value changed: ffn1 + ffn2 as one kernel of
-    # tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy, the attention's
+    # the v3 table's config with a field that must not change a value changed: PDL (and launching the next
+    # kernel after the wait), ffn1 + ffn2 as one kernel of tickets (64 rows: four row blocks of ffn2 tiles waiting at once), K/V's L2 policy, the attention's
     # tile loop pipelined (cp.async), the rows in one group or in groups of 16 / 32+ rows on parallel streams;
     # logits, k and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():

@@ -1,9 +1,8 @@
 """The many-row stack's block configuration (`t2s_layer_mma_triton`): one MmaConfig per model shape.
 
-Every field but pdl, pdl_late, ffn_tickets, kv_evict_first, row_groups and group_rows changes the order of
-float operations or the MMA instruction, so a config is fixed per model shape and never chosen by the batch
-size or the KV bucket (a row's numbers must not depend on them). `benchmarks/t2s_layer_bench.py --mma-grid`
-searches it on a GPU; CONFIGS holds the winners.
+Every field but those in RESULT_FREE changes the order of float operations or the MMA instruction, so a
+config is fixed per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not
+depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
 """
 
 from __future__ import annotations
@@ -13,6 +12,10 @@ from dataclasses import dataclass
 import triton
 
 MIN_DOT = 16  # tl.dot's smallest tile side
+# the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
+RESULT_FREE = frozenset(
+    {"pdl", "pdl_late", "ffn_tickets", "kv_evict_first", "attn_stages", "row_groups", "group_rows"}
+)
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,7 @@ class MmaConfig:
     attn_tiles slots, online softmax over its tiles; covering the whole cache, no merge pass), and warps;
     qkv / out / ffn1 / ffn2_splits: programs per output tile of that GEMM, each over a fixed part of K,
     the partials summed in a fixed order by the last to finish (`t2s_layer_mma_splitk_triton`; 1: whole K).
-    Every field but pdl, pdl_late, ffn_tickets, kv_evict_first, row_groups and group_rows changes the order of
-    float operations or the MMA instruction: fixed per model shape, never chosen by the batch size or the bucket."""
+    Fields outside RESULT_FREE change the order of float operations or the MMA instruction (see the module)."""
 
     block_m: int = 16
     block_n: int = 32
