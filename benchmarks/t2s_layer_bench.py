@@ -154,6 +154,20 @@ def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: to
     return r(n_rows, dim), weights, k, v, lengths
 
 
+def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one call of fn, after two warm-up calls (Triton's compiles) outside the capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def time_us(fn: Callable[[], object], on_gpu: bool, replays: int, batch_ms: float = 25.0) -> float:
     """Median µs of one call: 5 batches of replays of a CUDA graph of it on the GPU (at most `replays`
     per batch, fewer where a batch would pass batch_ms: a 9 ms step needs no 500 replays), eager calls
@@ -165,15 +179,7 @@ def time_us(fn: Callable[[], object], on_gpu: bool, replays: int, batch_ms: floa
             fn()
             times.append(time.perf_counter() - t0)
         return statistics.median(times) * 1e6
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # compile and warm up outside the capture
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture(fn)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()

@@ -16,6 +16,9 @@ kernels, not bytes. This probe times, in CUDA graphs at 64 rows and KV lengths 4
   the baseline once more, for the machine's drift (`--variants` picks the chain variants, and runs any
   other `chain field=value ...` asked for: the table's entry with those MmaConfig fields changed,
   e.g. 'chain row_groups=2').
+With --timeline it instead replays each named chain variant's graph under the profiler and records
+every kernel (stream, start, duration) and how much of the step has kernels side by side
+(`kernel_timeline.py`: the attention's time beside other kernels is what row groups buy).
 With --ncu it instead runs one eager step at 1 and 64 rows between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off` to time every kernel alone (the sum against the graph's step time
 is the share of launch gaps and tails).
@@ -35,7 +38,8 @@ import sys
 from pathlib import Path
 
 import torch
-from t2s_layer_bench import SIZES, parse_change, random_inputs, time_us
+from kernel_timeline import graph_timeline, summary
+from t2s_layer_bench import SIZES, capture, parse_change, random_inputs, time_us
 from t2s_layer_bench import meta as layer_meta
 
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
@@ -87,6 +91,43 @@ def grouped(inputs, n_slots: int, cfg, n_groups: int):
     return step
 
 
+def bucket(length: int, max_slots: int) -> int:
+    """The KV bucket (slots) a step at this cache length runs in."""
+    return min(next(b for b in (256, 384, 512, 768, 1024) if b > length), max_slots)
+
+
+def chain_config(name: str, base):
+    """'chain' -> the table's entry; 'chain field=value ...' -> the entry with those fields changed."""
+    change = name.split(" ", 1)[1].replace(" ", ",") if " " in name else ""
+    return dataclasses.replace(base, **parse_change(change))
+
+
+def timelines(args) -> dict:
+    """Each chain variant's graph step (one call over all rows, its own row groups) replayed under the
+    profiler at each length: every kernel's stream, start and duration, and their overlap (`kernel_timeline`)."""
+    dtype = getattr(torch, args.dtype)
+    n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
+    base = mk.config_for(dim, ffn_dim, n_head, vocab)
+    rows_out = []
+    for length in (int(n) for n in args.lengths.split(",")):
+        n_slots = bucket(length, args.max_slots)
+        inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
+        for name in args.timeline:
+            cfg = chain_config(name, base)
+            replays = graph_timeline(capture(grouped(inputs, n_slots, cfg, 1)))
+            summaries = [summary(events) for events in replays]
+            mid = sorted(range(len(summaries)), key=lambda i: summaries[i]["wall_us"])[len(summaries) // 2]
+            row = {"rows": args.rows, "length": length, "n_slots": n_slots, "variant": name,
+                   "groups": len(mk.row_spans(args.rows, cfg)), "replays": summaries,
+                   "median_replay_kernels": replays[mid]}  # fmt: skip
+            brief = {k: round(v, 1) for k, v in summaries[mid].items() if k.endswith("_us")}
+            print(json.dumps({"rows": args.rows, "length": length, "variant": name, **brief}), flush=True)
+            rows_out.append(row)
+        del inputs
+        torch.cuda.empty_cache()
+    return {"results": rows_out, "config": dataclasses.asdict(base)}
+
+
 def probe(args) -> dict:
     dtype = getattr(torch, args.dtype)
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
@@ -99,7 +140,7 @@ def probe(args) -> dict:
     evict = dataclasses.replace(base, kv_evict_first=not base.kv_evict_first)  # K/V's L2 policy: same values
     rows_out = []
     for length in (int(n) for n in args.lengths.split(",")):
-        n_slots = min(next(b for b in (256, 384, 512, 768, 1024) if b > length), args.max_slots)
+        n_slots = bucket(length, args.max_slots)
         inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
         k0, v0 = inputs[2].clone(), inputs[3].clone()  # every variant writes the same k, v at `length`
         want = grouped(inputs, n_slots, base, 1)().clone()
@@ -124,7 +165,7 @@ def probe(args) -> dict:
         known = {v[0] for v in variants} | {"chain again"}
         variants = [v for v in variants if args.variants is None or v[0] in args.variants]
         # any other 'chain field=value ...' asked for: the table's entry with those fields changed
-        variants += [(name, dataclasses.replace(base, **parse_change(name.split(" ", 1)[1].replace(" ", ","))), 1)
+        variants += [(name, chain_config(name, base), 1)
                      for name in args.variants or () if name not in known and name.startswith("chain ")]  # fmt: skip
         variants.append(("chain again", base, 1))  # the baseline once more: the machine's drift over the rows
         variants += [(f"groups={g}", base, g) for g in groups] + [
@@ -203,14 +244,24 @@ def main() -> None:
         default=None,
         help="';'-separated chain variants to run (default: all), e.g. 'chain;chain kv_evict_first=False'",
     )
+    p.add_argument(
+        "--timeline",
+        type=lambda t: t.split(";"),
+        default=None,
+        help="';'-separated chain variants to trace kernel by kernel instead of timing, e.g. 'chain;chain row_groups=1'",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.ncu:
         ncu_steps(args)
         return
-    report = probe(args)
+    report = timelines(args) if args.timeline else probe(args)
     args.length, args.n_slots = args.lengths, "bucket above each length"
     report["meta"] = {**layer_meta(args), "benchmark": "t2s_rows_probe"}
+    if args.timeline:
+        report["meta"]["timing"] = (
+            "3 graph replays under torch.profiler (CUPTI kernel records) after 3 warm ones"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))

@@ -1,0 +1,104 @@
+"""Where a CUDA graph's step spends its time, kernel by kernel: which kernels run, on which stream, when,
+and how much of the step has two or more of them on the GPU at once.
+
+`graph_timeline` replays a captured graph under the PyTorch profiler (CUPTI traces the kernels inside a
+graph replay) and returns each replay's kernels; `summary` reduces one replay to the numbers that say
+whether parallel streams overlap: the step's wall time (first kernel start to last kernel end), the
+kernels' summed time, the time at least one / at least two run, the idle gaps, and for the attention
+kernels the time they run beside another kernel (what row groups are for: `t2s_rows_probe.py --timeline`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+
+def kernel_events(trace: dict) -> list[dict]:
+    """A Chrome trace's (torch.profiler's export) GPU kernels: name, stream, start and duration in µs,
+    start relative to the first kernel, in start order."""
+    found = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    if not found:
+        return []
+    t0 = min(float(e["ts"]) for e in found)
+    out = [
+        {"name": e["name"], "stream": int(e.get("args", {}).get("stream", -1)), "start": float(e["ts"]) - t0,
+         "dur": float(e["dur"])}
+        for e in found
+    ]  # fmt: skip
+    return sorted(out, key=lambda e: e["start"])
+
+
+def covered(intervals: Iterable[tuple[float, float]], at_least: int = 1) -> float:
+    """The length of time covered by at least `at_least` of the [start, end) intervals at once."""
+    edges = sorted((t, step) for a, b in intervals if b > a for t, step in ((a, 1), (b, -1)))
+    total, depth, last = 0.0, 0, None
+    for t, step in edges:
+        if depth >= at_least and last is not None:
+            total += t - last
+        depth += step
+        last = t
+    return total
+
+
+def overlap(a: Iterable[tuple[float, float]], b: Iterable[tuple[float, float]]) -> float:
+    """The time during which some interval of a and some interval of b both run."""
+    a, b = list(a), list(b)
+    # |A ∩ B| = |A| + |B| - |A ∪ B| over the unions of each set
+    return covered(a) + covered(b) - covered(a + b)
+
+
+def summary(
+    events: list[dict], is_attention: Callable[[str], bool] = lambda name: "attention" in name
+) -> dict:
+    """One replay's kernels reduced to where the step's time goes (µs)."""
+    spans = [(e["start"], e["start"] + e["dur"]) for e in events]
+    attn = [s for s, e in zip(spans, events) if is_attention(e["name"])]
+    other = [s for s, e in zip(spans, events) if not is_attention(e["name"])]
+    wall = max((b for _, b in spans), default=0.0) - min((a for a, _ in spans), default=0.0)
+    busy = covered(spans)
+    by_name: dict[str, dict] = {}
+    by_stream: dict[str, dict] = {}
+    for e in events:
+        for table, key in ((by_name, e["name"]), (by_stream, str(e["stream"]))):
+            row = table.setdefault(key, {"count": 0, "us": 0.0})
+            row["count"] += 1
+            row["us"] += e["dur"]
+    return {
+        "n_kernels": len(events),
+        "wall_us": wall,
+        "kernel_sum_us": sum(e["dur"] for e in events),
+        "busy_us": busy,
+        "idle_us": wall - busy,
+        "two_or_more_us": covered(spans, at_least=2),
+        "attention_us": covered(attn),
+        "attention_beside_other_us": overlap(attn, other),
+        "by_name": by_name,
+        "by_stream": by_stream,
+    }
+
+
+def graph_timeline(graph: torch.cuda.CUDAGraph, replays: int = 3, warmup: int = 3) -> list[list[dict]]:
+    """Each of `replays` profiled replays of graph (after `warmup` unprofiled ones): its kernel events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(replays):
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                graph.replay()
+                torch.cuda.synchronize()
+            path = Path(tmp) / f"replay{i}.json"
+            prof.export_chrome_trace(str(path))
+            events = kernel_events(json.loads(path.read_text()))
+            if not events:
+                raise RuntimeError("the profiler traced no kernel of the graph replay (CUPTI unavailable?)")
+            out.append(events)
+    return out

@@ -1,0 +1,63 @@
+"""benchmarks/kernel_timeline.py: a profiler trace's kernels and how much of a step runs side by side."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kernel_timeline.py"
+
+
+@pytest.fixture(scope="module")
+def tl():
+    spec = importlib.util.spec_from_file_location("kernel_timeline", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kernel(name, stream, ts, dur):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+
+def test_kernel_events_keep_only_kernels_relative_to_the_first(tl):
+    trace = {
+        "traceEvents": [
+            _kernel("_linear_kernel", 7, 1010.0, 5.0),
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 990.0, "dur": 3.0},
+            _kernel("_qkv_kernel", 7, 1000.0, 4.0),
+            {"ph": "i", "cat": "kernel", "name": "marker", "ts": 900.0},
+        ]
+    }
+    events = tl.kernel_events(trace)
+    assert [(e["name"], e["stream"], e["start"], e["dur"]) for e in events] == [
+        ("_qkv_kernel", 7, 0.0, 4.0),
+        ("_linear_kernel", 7, 10.0, 5.0),
+    ]
+    assert tl.kernel_events({"traceEvents": []}) == []
+
+
+def test_covered_counts_time_with_enough_intervals_at_once(tl):
+    spans = [(0, 10), (5, 15), (20, 30), (25, 26)]
+    assert tl.covered(spans) == 25  # [0, 15) and [20, 30)
+    assert tl.covered(spans, at_least=2) == 6  # [5, 10) and [25, 26)
+    assert tl.covered(spans, at_least=3) == 0
+    assert tl.overlap([(0, 10)], [(5, 15), (8, 20)]) == 5
+    assert tl.overlap([(0, 4)], [(4, 8)]) == 0  # touching is not overlapping
+
+
+def test_summary_splits_the_step_into_busy_idle_and_side_by_side(tl):
+    events = [
+        {"name": "_qkv_kernel", "stream": 7, "start": 0.0, "dur": 8.0},
+        {"name": "_attention_kernel", "stream": 7, "start": 10.0, "dur": 20.0},
+        {"name": "_qkv_kernel", "stream": 9, "start": 12.0, "dur": 8.0},  # beside the attention
+        {"name": "_attention_kernel", "stream": 9, "start": 30.0, "dur": 10.0},
+    ]
+    s = tl.summary(events)
+    assert s["n_kernels"] == 4 and s["wall_us"] == 40.0 and s["kernel_sum_us"] == 46.0
+    assert s["busy_us"] == 38.0 and s["idle_us"] == 2.0 and s["two_or_more_us"] == 8.0
+    assert s["attention_us"] == 30.0 and s["attention_beside_other_us"] == 8.0
+    assert s["by_name"]["_qkv_kernel"] == {"count": 2, "us": 16.0}
+    assert s["by_stream"]["9"] == {"count": 2, "us": 18.0}
