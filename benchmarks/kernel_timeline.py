@@ -21,12 +21,17 @@ import torch
 def kernel_events(trace: dict) -> list[dict]:
     """A Chrome trace's (torch.profiler's export) GPU kernels: name, stream, start and duration in µs,
     start relative to the first kernel, in start order."""
-    found = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    # kineto writes "kernel" (older releases "Kernel"); the stream is args.stream, else the event's tid
+    found = [
+        e
+        for e in trace.get("traceEvents", [])
+        if str(e.get("cat")).lower() == "kernel" and e.get("ph") == "X"
+    ]
     if not found:
         return []
     t0 = min(float(e["ts"]) for e in found)
     out = [
-        {"name": e["name"], "stream": int(e.get("args", {}).get("stream", -1)), "start": float(e["ts"]) - t0,
+        {"name": e["name"], "stream": int(e.get("args", {}).get("stream", e.get("tid", -1))), "start": float(e["ts"]) - t0,
          "dur": float(e["dur"])}
         for e in found
     ]  # fmt: skip

@@ -29,12 +29,21 @@ def test_kernel_events_keep_only_kernels_relative_to_the_first(tl):
             {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 990.0, "dur": 3.0},
             _kernel("_qkv_kernel", 7, 1000.0, 4.0),
             {"ph": "i", "cat": "kernel", "name": "marker", "ts": 900.0},
+            {
+                "ph": "X",
+                "cat": "Kernel",
+                "name": "_head_kernel",
+                "ts": 1020.0,
+                "dur": 1.0,
+                "tid": 9,
+            },  # older kineto
         ]
     }
     events = tl.kernel_events(trace)
     assert [(e["name"], e["stream"], e["start"], e["dur"]) for e in events] == [
         ("_qkv_kernel", 7, 0.0, 4.0),
         ("_linear_kernel", 7, 10.0, 5.0),
+        ("_head_kernel", 9, 20.0, 1.0),
     ]
     assert tl.kernel_events({"traceEvents": []}) == []
 
