@@ -158,10 +158,12 @@ def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
     x, w, k, v, lengths = stack_inputs(34, torch.float32, (LENGTHS * 2)[:34])
     k_want, v_want = k.clone(), v.clone()
     want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=cfg)
-    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=dataclasses.replace(cfg, row_groups=2))
-    assert torch.equal(got, want)
-    for cache, cache_want in ((k, k_want), (v, v_want)):  # NaN past each row's slots: never read
-        torch.testing.assert_close(cache, cache_want, rtol=0, atol=0, equal_nan=True)
+    for change in ({"row_groups": 2}, {"row_groups": 2, "attn_stream": True}):
+        kc, vc = k.clone(), v.clone()
+        got = mk.decode_stack_mma(x, w, kc, vc, lengths, N_SLOTS, config=dataclasses.replace(cfg, **change))
+        assert torch.equal(got, want), change
+        for cache, cache_want in ((kc, k_want), (vc, v_want)):  # NaN past each row's slots: never read
+            torch.testing.assert_close(cache, cache_want, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("splits", [1, 2, 8])
@@ -459,7 +461,7 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 RESULT_FREE_CHANGES = [
     {"pdl": True}, {"pdl": True, "pdl_late": True}, {"ffn_tickets": True}, {"kv_evict_first": False},
     {"attn_stages": 2}, {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
-    {"row_groups": 4, "group_rows": 1},
+    {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
 ]  # fmt: skip
 
 
@@ -503,15 +505,17 @@ def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
 
 
 @pytest.mark.gpu
-def test_cuda_row_groups_capture_in_a_graph_and_replay_the_same_bits():
+@pytest.mark.parametrize("attn_stream", [False, True])
+def test_cuda_row_groups_capture_in_a_graph_and_replay_the_same_bits(attn_stream):
     # the groups' side streams forked and joined inside a CUDA graph capture (as the row engine captures its
-    # steps), their attentions ordered by events: the replay's logits, k and v bitwise one group's eager step
+    # steps), their attentions ordered by events (or on the caller's stream, the GEMMs on high-priority
+    # streams): the replay's logits, k and v bitwise one group's eager step
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     mk = importlib.import_module(MODULE)
     table = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
     base = dataclasses.replace(table, row_groups=1)
-    on = dataclasses.replace(table, row_groups=2, group_rows=32)
+    on = dataclasses.replace(table, row_groups=2, group_rows=32, attn_stream=attn_stream)
     w = random_weights(**FULL, dtype=torch.float16, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(5)
     lengths = torch.randint(0, 1024, (64,), generator=g, device="cuda")

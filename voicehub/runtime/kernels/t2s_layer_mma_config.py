@@ -14,7 +14,7 @@ import triton
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    {"pdl", "pdl_late", "ffn_tickets", "kv_evict_first", "attn_stages", "row_groups", "group_rows"}
+    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream".split()
 )
 
 
@@ -73,6 +73,10 @@ class MmaConfig:
     row_groups: int = 1
     # the fewest rows a row group takes (fewer groups at smaller batches: 16-row groups lost on an H100)
     group_rows: int = 1
+    # with several row groups: every group's GEMMs on a stream of higher priority, the attentions in turn on
+    # the caller's stream (`t2s_layer_mma_groups.GroupStreams`): the block scheduler starts a GEMM's programs
+    # before pending attention programs. Where kernels run, not what they compute: no effect on results
+    attn_stream: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:

@@ -23,15 +23,13 @@ Scratch buffers come per call (inside a CUDA graph, from the graph's pool); the 
 are zeroed by the qkv kernel before the attention kernel counts. On Hopper and later the kernels use
 programmatic dependent launch as `t2s_layer_triton` does: a GEMM reads its first K chunk of weights
 (all of them when block_k covers the row) before it waits for the previous kernel. With
-MmaConfig.row_groups the rows go in groups of whole row blocks, each on a CUDA stream of its own, the
-groups' attentions taking turns (`step_groups`): the same kernels a group, so the same numbers.
+MmaConfig.row_groups the rows go in groups of whole row blocks on CUDA streams of their own, the
+groups' attentions taking turns (`step_groups`, `t2s_layer_mma_groups`): the same kernels a group, so the
+same numbers.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +48,7 @@ from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
     _normed_dot,
     _w_chunk,
 )
+from voicehub.runtime.kernels.t2s_layer_mma_groups import GroupStreams, row_spans
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
     _keeps,
     row_block_counters,
@@ -356,57 +355,33 @@ def step_rows(
     step_groups([s], [(0, x.shape[0])], x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
 
 
-def row_spans(n_rows: int, cfg: MmaConfig) -> list[tuple[int, int]]:
-    """cfg.row_groups: [lo, hi) of each group, whole row blocks, at least cfg.group_rows rows a group but the last."""
-    n_groups = max(1, min(cfg.row_groups, n_rows // max(cfg.block_m, cfg.group_rows)))
-    size = triton.cdiv(triton.cdiv(n_rows, n_groups), cfg.block_m) * cfg.block_m
-    return [(lo, min(lo + size, n_rows)) for lo in range(0, n_rows, size)]
-
-
-@functools.cache
-def _group_stream(device: torch.device, group: int, thread: int) -> torch.cuda.Stream:
-    # per thread: two threads may capture graphs at once, and a capture joins the streams it forks
-    return torch.cuda.Stream(device)
-
-
 def step_groups(
     scratch: list[Scratch], spans: list[tuple[int, int]], x: torch.Tensor, weights: StackWeights,
     k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int, cfg: MmaConfig,
     logits: torch.Tensor,
 ) -> None:  # fmt: skip
-    """Every layer and the head into logits [B, V] over row groups (`row_spans`, a scratch each): group 0 on
-    the current stream, group g on a side stream; with several groups each attention waits for the one
-    before it in (layer, group) order, so the attentions take turns while the other groups' GEMMs run. On
-    the CPU the groups run one after another."""
-    on_gpu = x.is_cuda
-    is_turns = on_gpu and len(spans) > 1
-    main = torch.cuda.current_stream(x.device) if on_gpu else None
-    thread = threading.get_ident()
-    streams = [main] + [_group_stream(x.device, g, thread) for g in range(1, len(spans))] if on_gpu else []
-    for stream in streams[1:]:
-        stream.wait_stream(main)
-    x_in, prev, turn = [x[lo:hi] for lo, hi in spans], None, None
+    """Every layer and the head into logits [B, V] over row groups (`row_spans`, a scratch each), each
+    group's kernels on the streams `GroupStreams` gives it (the attentions in (layer, group) order, beside
+    the other groups' GEMMs). On the CPU the groups run one after another."""
+    streams = GroupStreams(x, len(spans), cfg)
+    x_in, prev = [x[lo:hi] for lo, hi in spans], None
     for i, layer in enumerate(weights.layers):
         for g, ((lo, hi), s) in enumerate(zip(spans, scratch)):
-            with torch.cuda.stream(streams[g]) if on_gpu else contextlib.nullcontext():
-                k, v, rows = k_cache[i, lo:hi], v_cache[i, lo:hi], lengths[lo:hi]
+            k, v, rows = k_cache[i, lo:hi], v_cache[i, lo:hi], lengths[lo:hi]
+            with streams.gemms(g):
                 qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
-                if turn is not None:
-                    streams[g].wait_event(turn)
+            with streams.attention(g):
                 attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
-                if is_turns:
-                    turn = torch.cuda.Event()
-                    turn.record(streams[g])
+            with streams.gemms(g):
                 out_proj_stage(s, layer, weights.eps, cfg)
                 ffn1_stage(s, layer, weights.eps, cfg)
                 ffn2_stage(s, layer, weights.eps, cfg)
-                x_in[g] = s.x_ffn
+            x_in[g] = s.x_ffn
         prev = layer
     for g, ((lo, hi), s) in enumerate(zip(spans, scratch)):
-        with torch.cuda.stream(streams[g]) if on_gpu else contextlib.nullcontext():
+        with streams.gemms(g):
             head_stage(s, weights.layers[-1], weights.head_weight, logits[lo:hi], weights.eps, cfg)
-    for stream in streams[1:]:
-        main.wait_stream(stream)
+    streams.join()
 
 
 def decode_stack_mma(
