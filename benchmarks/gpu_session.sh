@@ -109,10 +109,10 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
         --groups "${PROBE_GROUPS:-}" --out "$OUT/t2s_rows_probe_h200${PROBE_SUFFIX:-}.json"
       [ -n "${PROBE_NCU:-}" ] && (cd benchmarks && timeout 200 ncu --clock-control none --profile-from-start off \
         --csv --metrics gpu__time_duration.sum python3 t2s_rows_probe.py --ncu > "$OUT/t2s_rows_ncu.csv" 2>> "$LOG") ;;
-    # session 26: every kernel of the 64-row graph step traced, the table's row groups against one group (how long
-    # the attentions run beside the GEMMs: what the groups are for)
-    rowstimeline) step t2s-rows-timeline 120 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
-        --timeline "chain;chain row_groups=1" --out "$OUT/t2s_rows_timeline_h200.json" ;;
+    # session 26: every kernel of the 64-row graph step traced, the table's row groups against one group and with
+    # the attentions on their own stream (how long the attentions run beside the GEMMs: what the groups are for)
+    rowstimeline) step t2s-rows-timeline 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
+        --timeline "chain;chain row_groups=1;chain attn_stream=True" --out "$OUT/t2s_rows_timeline_h200.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 3 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
