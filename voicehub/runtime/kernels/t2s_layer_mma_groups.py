@@ -43,12 +43,12 @@ class GroupStreams:
       its group's next GEMM: a GEMM's programs are dispatched before pending attention programs."""
 
     def __init__(self, x: torch.Tensor, n_groups: int, cfg: MmaConfig) -> None:
-        self.on_gpu = x.is_cuda and n_groups > 1
-        self.own_attention = self.on_gpu and cfg.attn_stream
+        self.parallel = x.is_cuda and n_groups > 1  # else every kernel in order on the caller's stream
+        self.own_attention = self.parallel and cfg.attn_stream
         self.main = torch.cuda.current_stream(x.device) if x.is_cuda else None
         self.turn: torch.cuda.Event | None = None
         thread = threading.get_ident()
-        if not self.on_gpu:
+        if not self.parallel:
             self.gemm_streams = [self.main] * n_groups
         elif self.own_attention:
             self.gemm_streams = [_stream(x.device, g, GEMM_PRIORITY, thread) for g in range(n_groups)]
@@ -58,16 +58,16 @@ class GroupStreams:
             stream.wait_stream(self.main)
 
     def _side(self) -> list[torch.cuda.Stream]:
-        return [s for s in self.gemm_streams if self.on_gpu and s is not self.main]
+        return [s for s in self.gemm_streams if self.parallel and s is not self.main]
 
     def gemms(self, g: int) -> contextlib.AbstractContextManager:
         """Where group g's GEMMs (qkv, out-projection, FFN, head) run."""
-        return torch.cuda.stream(self.gemm_streams[g]) if self.on_gpu else contextlib.nullcontext()
+        return torch.cuda.stream(self.gemm_streams[g]) if self.parallel else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def attention(self, g: int) -> Iterator[None]:
         """Where group g's attention runs: after its qkv and the attention before it, before its next GEMM."""
-        if not self.on_gpu:
+        if not self.parallel:
             yield
             return
         gemm = self.gemm_streams[g]
