@@ -87,7 +87,12 @@ def summary(
     }
 
 
-def graph_timeline(graph: torch.cuda.CUDAGraph, replays: int = 3, warmup: int = 3) -> list[list[dict]]:
+REPLAYS, WARMUP = 3, 3  # graph_timeline's profiled and unprofiled replays
+
+
+def graph_timeline(
+    graph: torch.cuda.CUDAGraph, replays: int = REPLAYS, warmup: int = WARMUP
+) -> list[list[dict]]:
     """Each of `replays` profiled replays of graph (after `warmup` unprofiled ones): its kernel events."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -38,11 +38,15 @@ import sys
 from pathlib import Path
 
 import torch
+from kernel_timeline import REPLAYS as TIMELINE_REPLAYS
+from kernel_timeline import WARMUP as TIMELINE_WARMUP
 from kernel_timeline import graph_timeline, summary
+from t2s_batch_bench import KV_BUCKETS
 from t2s_layer_bench import SIZES, capture, parse_change, random_inputs, time_us
 from t2s_layer_bench import meta as layer_meta
 
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
+from voicehub.runtime.kv_cache import pick_bucket
 
 ATTN_STAGES = [
     {"attn_stages": 2},
@@ -92,8 +96,8 @@ def grouped(inputs, n_slots: int, cfg, n_groups: int):
 
 
 def bucket(length: int, max_slots: int) -> int:
-    """The KV bucket (slots) a step at this cache length runs in."""
-    return min(next(b for b in (256, 384, 512, 768, 1024) if b > length), max_slots)
+    """The engine's KV bucket (slots) for a step at this cache length (it writes slot `length`)."""
+    return min(pick_bucket(length + 1, KV_BUCKETS), max_slots)
 
 
 def chain_config(name: str, base):
@@ -260,7 +264,7 @@ def main() -> None:
     report["meta"] = {**layer_meta(args), "benchmark": "t2s_rows_probe"}
     if args.timeline:
         report["meta"]["timing"] = (
-            "3 graph replays under torch.profiler (CUPTI kernel records) after 3 warm ones"
+            f"{TIMELINE_REPLAYS} graph replays under torch.profiler (CUPTI kernel records) after {TIMELINE_WARMUP} warm ones"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ class GroupStreams:
             stream.wait_stream(self.main)
 
     def _side(self) -> list[torch.cuda.Stream]:
-        return [s for s in self.gemm_streams if self.parallel and s is not self.main]
+        return [s for s in self.gemm_streams if s is not self.main]  # none unless parallel
 
     def gemms(self, g: int) -> contextlib.AbstractContextManager:
         """Where group g's GEMMs (qkv, out-projection, FFN, head) run."""
