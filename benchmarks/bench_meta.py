@@ -1,4 +1,5 @@
-"""What every benchmark records about the tree it ran (the commit), and the timers they share.
+"""What every benchmark records about the tree it ran (the commit), and the timers and graph capture
+they share.
 
 The device machine receives a copy of the working tree whose `.git` may lag behind it, so the
 caller can name the commit (`VOICEHUB_COMMIT`, set by gpu_session.sh from the lead's checkout);
@@ -42,6 +43,23 @@ def event_ms(fn: Callable[[], Any], warmup: int, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def capture(fn: Callable[[], Any]) -> Any:
+    """A CUDA graph of one call of fn, after two warm-up calls (Triton's compiles, cuBLAS's workspace)
+    on a side stream outside the capture."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def host_ms(fn: Callable[[], Any]) -> float:

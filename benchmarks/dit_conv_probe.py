@@ -24,7 +24,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from bench_meta import host_ms, tree_commit
+from bench_meta import capture, event_ms, host_ms, tree_commit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 BATCH = 2
@@ -49,22 +49,12 @@ def conv_input(channels: int, n: int, layout: str) -> torch.Tensor:
 
 def graph_ms(fn) -> float:
     """GPU ms of one call, from a graph of GRAPH_CALLS calls (median of 10 replays)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def calls() -> None:
         for _ in range(GRAPH_CALLS):
             fn()
-    graph.replay()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / GRAPH_CALLS)
-    return sorted(times)[len(times) // 2]
+
+    return event_ms(capture(calls).replay, 1, 10) / GRAPH_CALLS
 
 
 def main() -> None:

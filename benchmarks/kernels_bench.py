@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from bench_meta import event_ms
+from bench_meta import capture, event_ms
 
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels.registry import ADD_LAYER_NORM, ANTI_ALIAS_SNAKE, DECODE_ATTENTION
@@ -71,18 +71,12 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def time_graph(calls: list[Callable[[], Any]], warmup: int, reps: int) -> float:
     """Median ms per call of a CUDA graph replaying `calls` in order (no launch overhead)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            for fn in calls:
-                fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def all_calls() -> None:
         for fn in calls:
             fn()
-    return event_ms(graph.replay, warmup, reps) / len(calls)
+
+    return event_ms(capture(all_calls).replay, warmup, reps) / len(calls)
 
 
 def run_variant(rows: list[Row], row: Row, body: Callable[[Row], None]) -> None:

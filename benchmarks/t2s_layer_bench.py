@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_meta import tree_commit
+from bench_meta import capture, tree_commit
 
 from voicehub.runtime.kernels import t2s_layer as ref
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
@@ -152,20 +152,6 @@ def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: to
     k, v = r(*cache_shape), r(*cache_shape)
     lengths = torch.full((n_rows,), length, device=device)
     return r(n_rows, dim), weights, k, v, lengths
-
-
-def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of one call of fn, after two warm-up calls (Triton's compiles) outside the capture."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def time_us(fn: Callable[[], object], on_gpu: bool, replays: int, batch_ms: float = 25.0) -> float:
