@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import triton
-
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
@@ -140,4 +138,4 @@ def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
     """The table's entry, else the defaults with the reduction chunk no wider than the model."""
     if (dim, ffn_dim, n_head, vocab) in CONFIGS:
         return CONFIGS[dim, ffn_dim, n_head, vocab]
-    return MmaConfig(block_k=max(MIN_DOT, min(64, triton.next_power_of_2(dim))))
+    return MmaConfig(block_k=max(MIN_DOT, min(64, 1 << (dim - 1).bit_length())))
