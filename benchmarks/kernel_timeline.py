@@ -4,7 +4,9 @@ and how much of the step has two or more of them on the GPU at once.
 `graph_timeline` replays a captured graph under the PyTorch profiler (CUPTI traces the kernels inside a
 graph replay) and returns each replay's kernels; `summary` reduces one replay to the numbers that say
 whether parallel streams overlap: the step's wall time (first kernel start to last kernel end), the
-kernels' summed time, the time at least one / at least two run, the idle gaps, and for the attention
+kernels' summed time, the time at least one / at least two run, the idle gaps (and the largest, with the
+kernels on either side: profiled replays of a graph with side streams hold one ~190 us gap at the first
+fork that the event-timed replays do not, so compare such variants by busy time), and for the attention
 kernels the time they run beside another kernel (what row groups are for: `t2s_rows_probe.py --timeline`).
 """
 
@@ -57,6 +59,20 @@ def overlap(a: Iterable[tuple[float, float]], b: Iterable[tuple[float, float]]) 
     return covered(a) + covered(b) - covered(a + b)
 
 
+def largest_gap(events: list[dict]) -> dict:
+    """The longest time with no kernel running, between the first start and the last end, with the kernel
+    whose end opens it and the kernel whose start closes it (names and streams)."""
+    best = {"us": 0.0, "after": None, "before": None}
+    end, last = None, None
+    for e in sorted(events, key=lambda e: e["start"]):
+        if end is not None and e["start"] - end > best["us"]:
+            best = {"us": e["start"] - end, "after": f"{last['name']}@{last['stream']}",
+                    "before": f"{e['name']}@{e['stream']}"}  # fmt: skip
+        if end is None or e["start"] + e["dur"] > end:
+            end, last = e["start"] + e["dur"], e
+    return best
+
+
 def summary(
     events: list[dict], is_attention: Callable[[str], bool] = lambda name: "attention" in name
 ) -> dict:
@@ -79,6 +95,7 @@ def summary(
         "kernel_sum_us": sum(e["dur"] for e in events),
         "busy_us": busy,
         "idle_us": wall - busy,
+        "largest_gap": largest_gap(events),
         "two_or_more_us": covered(spans, at_least=2),
         "attention_us": covered(attn),
         "attention_beside_other_us": overlap(attn, other),

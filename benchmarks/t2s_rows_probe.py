@@ -126,6 +126,7 @@ def timelines(args) -> dict:
                    "groups": len(mk.row_spans(args.rows, cfg)), "replays": summaries,
                    "median_replay_kernels": replays[mid]}  # fmt: skip
             brief = {k: round(v, 1) for k, v in summaries[mid].items() if k.endswith("_us")}
+            brief["largest_gap"] = summaries[mid]["largest_gap"]
             print(json.dumps({"rows": args.rows, "length": length, "variant": name, **brief}), flush=True)
             rows_out.append(row)
         del inputs

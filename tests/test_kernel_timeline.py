@@ -70,3 +70,17 @@ def test_summary_splits_the_step_into_busy_idle_and_side_by_side(tl):
     assert s["attention_us"] == 30.0 and s["attention_beside_other_us"] == 8.0
     assert s["by_name"]["_qkv_kernel"] == {"count": 2, "us": 16.0}
     assert s["by_stream"]["9"] == {"count": 2, "us": 18.0}
+    # the gap 8-10 (the qkv on stream 7 ends; the attention on 7 starts); 20-30 is covered by the attention
+    assert s["largest_gap"] == {"us": 2.0, "after": "_qkv_kernel@7", "before": "_attention_kernel@7"}
+
+
+def test_largest_gap_is_measured_from_the_latest_end_so_far(tl):
+    events = [
+        {"name": "a", "stream": 1, "start": 0.0, "dur": 50.0},  # a long kernel covers b's end
+        {"name": "b", "stream": 2, "start": 5.0, "dur": 5.0},
+        {"name": "c", "stream": 2, "start": 20.0, "dur": 5.0},
+        {"name": "d", "stream": 1, "start": 53.0, "dur": 1.0},
+        {"name": "e", "stream": 2, "start": 60.0, "dur": 1.0},
+    ]
+    assert tl.largest_gap(events) == {"us": 6.0, "after": "d@1", "before": "e@2"}
+    assert tl.largest_gap(events[:1]) == {"us": 0.0, "after": None, "before": None}

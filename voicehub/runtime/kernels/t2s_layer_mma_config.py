@@ -114,6 +114,8 @@ class MmaConfig:
 # Session 25 (t2s_rows_probe_h100_row_groups.json, H100): row_groups 2 (two groups of 32 rows whose attentions take
 # turns) 1,516 -> 1,383 us at 64 rows, KV 730, equal at 480; four groups of 16 slower (1,570 / 1,970 us): groups
 # of at least 32 rows. Closed loop (t2s_batch_triton_h100_3ac7dfe*.json): 64 streams +2.2%, 128 streams +1.3%.
+# Session 27 (t2s_batch_triton_h100_e7d9d12*.json, H100): this entry against row_groups 1, 64 streams +0.9%, 128
+# streams +3.3%; attn_stream within 1.4% either way and PDL with groups 4-8% slower (t2s_rows_probe_h100_e7d9d12_*.json).
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
