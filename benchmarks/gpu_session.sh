@@ -67,7 +67,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       --budget-s 215 --out "$OUT/streams_h200.json" ;;
     # the many-row stack (t2s_layer_mma_triton.py): its GPU tests, then rows 1-128 against the GEMV stack,
     # in two runs into one JSON (the first compiles every kernel for the 16-divisible row counts)
-    rows) step rows-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py
+    rows) step rows-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py tests/test_kernels_t2s_layer_mma_gpu.py
       step t2s-layer-rows 120 python3 benchmarks/t2s_layer_bench.py --rows 1,4,16 --no-sweep \
         --out "$OUT/t2s_layer_rows_h200.json"
       step t2s-layer-rows-big 100 python3 benchmarks/t2s_layer_bench.py --rows 64,128 --no-sweep --append \
@@ -100,7 +100,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     sentence) step e2e-sentence "${SENTENCE_LIMIT:-300}" python3 benchmarks/e2e_bench.py --profiles triton --reps 1 \
       --windows 25,none --skip-startup --out "$OUT/e2e_sentence_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
-    rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py ;;
+    rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py tests/test_kernels_t2s_layer_mma_gpu.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
         --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-240}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
     # session 12: the many-row stack at 64 rows as one chain, PDL on/off, attn_out on/off (PROBE_GROUPS=2,4: row
