@@ -1,7 +1,8 @@
-"""benchmarks/t2s_layer_bench.py's CPU smoke run (its docstring's last command) runs every path.
+"""The benchmarks' CPU smoke runs (each script's docstring names it) run every path.
 
-The many-row config module once imported triton before the script set TRITON_INTERPRET, and every
-Triton path of the smoke run failed with "Cannot call @triton.jit'd outside of the scope of a kernel".
+t2s_layer_bench: the many-row config module once imported triton before the script set
+TRITON_INTERPRET, and every Triton path of the smoke run failed with "Cannot call @triton.jit'd outside
+of the scope of a kernel".
 """
 
 from __future__ import annotations
@@ -30,3 +31,11 @@ def test_cpu_smoke_run_measures_every_path(tmp_path):
         assert "error" not in row, row
         assert row["step_us"] > 0
         assert row.get("rel_l2", 0.0) < 1e-2, row
+
+
+def test_launch_floor_probe_chains_dependent_kernels():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "launch_floor_probe.py", "--device", "cpu"], cwd=BENCH, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cpu smoke: ok" in proc.stdout
