@@ -13,9 +13,10 @@ At every batch size it also times the many-row stack (`t2s_layer_stack_rows`, `t
 path `mma`, with a per-kernel breakdown), and at the largest one sweeps its block config (`mma_sweep`).
 Random full-size weights (drawn on the device), one KV length per row, the bucket above it. Prints each
 row as it is measured; writes JSON to --out after each batch size (--append adds to it: a split run).
---mma-grid times only the many-row stack (t2s_mma_grid.py): a coordinate search over MMA_GRID from MMA_GRID_START under a
-time budget, each config checked against the definition (errors recorded), a ranking with the best
-first, the winner's breakdown and its check at --check-rows, and the CONFIGS line that applies it.
+--mma-grid times only the many-row stack (`t2s_mma_grid.py`): a coordinate search over MMA_GRID from
+MMA_GRID_START under a time budget, each config checked against the definition (errors recorded), a
+ranking with the best first, the winner's breakdown and its check at --check-rows, and the CONFIGS line
+that applies it.
 
     python benchmarks/t2s_layer_bench.py --out results/t2s_layer_h200.json
     python benchmarks/t2s_layer_bench.py --rows 1,4,16,64,128 --no-sweep  # paths only, no config sweeps
