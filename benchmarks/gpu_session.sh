@@ -113,6 +113,11 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # the attentions on their own stream (how long the attentions run beside the GEMMs: what the groups are for)
     rowstimeline) step t2s-rows-timeline 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
         --timeline "chain;chain row_groups=1;chain attn_stream=True" --out "$OUT/t2s_rows_timeline_h200.json" ;;
+    # session 27: what a kernel boundary costs in a graph (96 tiny dependent kernels), and the 16-row step's kernels
+    # (its GEMM chain against the 64-row one's: the latency a persistent layer kernel would attack)
+    launchfloor) step launch-floor 60 python3 benchmarks/launch_floor_probe.py --out "$OUT/launch_floor_h200.json"
+      step t2s-rows-timeline-16 60 python3 benchmarks/t2s_rows_probe.py --rows 16 --lengths 480 --timeline chain \
+        --out "$OUT/t2s_rows_timeline_16_h200.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 3 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
