@@ -346,6 +346,18 @@ def test_fused_greedy_tokens_equal_eager(tk, tiny, case, variant):
 FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 
 
+def check_full_size_stack(stack, x, w, k, v, lengths, dtype) -> torch.Tensor:
+    """stack(x, w, k, v, lengths, 1024) against the fp32 definition: its logits and the k, v it writes."""
+    k_want, v_want = k.float(), v.float()
+    want = ref.decode_stack_reference(
+        x.float(), weights_as(w, torch.Tensor.float), k_want, v_want, lengths, 1024
+    )
+    got = stack(x, w, k, v, lengths, 1024)
+    tol = FP16_TOL if dtype == torch.float16 else 1e-4
+    assert rel_l2(got, want) <= tol and rel_l2(k, k_want) <= tol and rel_l2(v, v_want) <= tol
+    return got
+
+
 def _cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -362,13 +374,7 @@ def test_cuda_full_size_stack_matches_the_definition(dtype):
     shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
     k, v = (torch.randn(shape, generator=g).to("cuda", dtype) for _ in range(2))
     x = torch.randn(n_rows, FULL["dim"], generator=g).to("cuda", dtype)
-    k_want, v_want = k.float(), v.float()
-    want = ref.decode_stack_reference(
-        x.float(), weights_as(w, torch.Tensor.float), k_want, v_want, lengths, 1024
-    )
-    got = stack(x, w, k, v, lengths, 1024)
-    tol = FP16_TOL if dtype == torch.float16 else 1e-4
-    assert rel_l2(got, want) <= tol and rel_l2(k, k_want) <= tol and rel_l2(v, v_want) <= tol
+    got = check_full_size_stack(stack, x, w, k, v, lengths, dtype)
     # bitwise batch and bucket invariance, and run-to-run determinism
     again = stack(x, w, k.clone(), v.clone(), lengths, 1024)
     alone = stack(x[:1], w, k[:, :1].clone(), v[:, :1].clone(), lengths[:1], 768)

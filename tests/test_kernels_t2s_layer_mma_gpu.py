@@ -12,15 +12,11 @@ import importlib
 
 import pytest
 import torch
-from test_kernels import rel_l2
-from test_kernels_t2s_layer import random_weights, weights_as
-from test_kernels_t2s_layer_mma import FP16_TOL, MODULE
+from test_kernels_t2s_layer import FULL, check_full_size_stack, random_weights
+from test_kernels_t2s_layer_mma import MODULE
 
 from voicehub.runtime.kernels import registry
-from voicehub.runtime.kernels import t2s_layer as ref
 from voicehub.runtime.kernels.registry import T2S_LAYER_STACK_ROWS
-
-FULL = {"n_layer": 24, "dim": 512, "n_head": 16, "ffn_dim": 2048, "vocab": 1025}
 
 
 @pytest.mark.gpu
@@ -60,13 +56,7 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
     shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
     k, v = (torch.randn(shape, generator=g, device="cuda").to(dtype) for _ in range(2))
     x = torch.randn(n_rows, FULL["dim"], generator=g, device="cuda").to(dtype)
-    k_want, v_want = k.float(), v.float()
-    want = ref.decode_stack_reference(
-        x.float(), weights_as(w, torch.Tensor.float), k_want, v_want, lengths, 1024
-    )
-    got = stack(x, w, k, v, lengths, 1024)
-    tol = FP16_TOL if dtype == torch.float16 else 1e-4
-    assert rel_l2(got, want) <= tol and rel_l2(k, k_want) <= tol and rel_l2(v, v_want) <= tol
+    got = check_full_size_stack(stack, x, w, k, v, lengths, dtype)
     # bitwise: run to run, a row alone (smaller bucket) and at another place in another batch
     assert torch.equal(stack(x, w, k.clone(), v.clone(), lengths, 1024), got)
     for row in (3, 17):
