@@ -104,6 +104,38 @@ def summary(
     }
 
 
+def gaps_by_pair(events: list[dict], min_us: float = 1.0, top: int = 8) -> list[dict]:
+    """The idle gaps of at least min_us (no kernel running), grouped by the kernels on either side (the
+    one whose end opens the gap, the one whose start closes it): count and summed µs, the largest
+    groups first. Where a loop's GPU time goes between its graphs: after which kernel the device waits."""
+    groups: dict[tuple[str, str], dict] = {}
+    end, last = None, None
+    for e in sorted(events, key=lambda e: e["start"]):
+        if end is not None and e["start"] - end >= min_us:
+            row = groups.setdefault((last["name"], e["name"]), {"count": 0, "us": 0.0})
+            row["count"] += 1
+            row["us"] += e["start"] - end
+        if end is None or e["start"] + e["dur"] > end:
+            end, last = e["start"] + e["dur"], e
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1]["us"])[:top]
+    return [{"after": a, "before": b, **row} for (a, b), row in ranked]
+
+
+def traced(fn: Callable[[], object]) -> tuple[object, list[dict]]:
+    """fn() run once under the profiler (CUDA activity), synced: what it returned and its GPU kernels
+    (`kernel_events`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        value = fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return value, kernel_events(json.loads(path.read_text()))
+
+
 REPLAYS, WARMUP = 3, 3  # graph_timeline's profiled and unprofiled replays
 
 

@@ -47,6 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from kernel_timeline import gaps_by_pair, summary, traced
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, meta, timed
 from t2s_layer_bench import parse_change
 
@@ -247,6 +248,31 @@ def replay_only(engine: T2SRowEngine, requests: list[T2SRequest], n_steps: int) 
     return seconds
 
 
+def timeline(engine: T2SRowEngine, requests: list[T2SRequest], poll_lag: int, n_replayed: int) -> dict:
+    """The level's run and its replay-only decode, each traced once (every GPU kernel: `kernel_timeline`),
+    read over the middle half of each trace (the steady state: no admission, no tail): the share of the time
+    the device is busy and idle, the gaps the loop leaves between kernels (grouped by the kernels around
+    them), and the kernels only the loop runs (its snapshots)."""
+    out = {}
+    for name, fn in (
+        ("loop", lambda: run_level(engine, requests, poll_lag)),
+        ("replay", lambda: replay_only(engine, requests, n_replayed)),
+    ):
+        _, events = traced(fn)
+        span = max(e["start"] + e["dur"] for e in events)
+        mid = [e for e in events if span / 4 <= e["start"] < 3 * span / 4]
+        s = summary(mid)
+        out[name] = {
+            "window_us": s["wall_us"], "n_kernels": s["n_kernels"], "busy_share": s["busy_us"] / s["wall_us"],
+            "idle_share": s["idle_us"] / s["wall_us"], "gaps": gaps_by_pair(mid, min_us=2.0), "by_name": s["by_name"],
+        }  # fmt: skip
+    replay_names = set(out["replay"]["by_name"])
+    out["loop_only_kernels"] = {k: v for k, v in out["loop"]["by_name"].items() if k not in replay_names}
+    for part in ("loop", "replay"):
+        del out[part]["by_name"]
+    return out
+
+
 def identity(tokens: torch.Tensor, eager_ref, alone: torch.Tensor | None) -> dict:
     """Greedy: against eager under the margin rule; sampled: against the stream run alone."""
     if eager_ref is not None:
@@ -295,6 +321,12 @@ def main() -> None:
         default={},
         help="fields of the many-row stack's table entry changed for this run, e.g. attn_stages=2 (a candidate "
         "measured in the engine before it goes in the table)",
+    )
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="per level, one more run and replay-only decode traced by the profiler (CUDA): where the loop's "
+        "device time goes between graphs",
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
@@ -352,6 +384,8 @@ def main() -> None:
         n_replayed = args.n_tokens - 1  # forced: one token at admission, then one a step
         replay = replay_only(engine, requests[:level], n_replayed)
         row["breakdown"] = breakdown(row, sync_run, replay, n_replayed)
+        if args.timeline and on_gpu:
+            row["timeline"] = timeline(engine, requests[:level], lag, n_replayed)
         toks = row.pop("_tokens")
         del row["_rounds"], row["_reads"]
         row["identity"] = [identity(toks[i], eager[i], alone[i]) for i in range(min(level, n_check))]
@@ -416,6 +450,17 @@ def main() -> None:
         admits = " ".join(f"{a:.3f}" for a in r["admit_all_s"])
         print(f"{r['n_streams']:7d} admit_s per run: {admits}; gc (collections/full/time) per run: {gcs}")
     print("capture:", round(capture_s, 2), "s;", result["n_graphs"], "graphs")
+    for r in rows:
+        if "timeline" not in r:
+            continue
+        t = r["timeline"]
+        for part in ("loop", "replay"):
+            x = t[part]
+            print(f"{r['n_streams']:7d} {part:6} middle half {x['window_us'] / 1e3:.0f} ms: idle {x['idle_share']:.1%};"
+                  f" gaps >= 2 us: " +
+                  "; ".join(f"{g['after'][:24]} -> {g['before'][:24]} {g['count']}x {g['us']:.0f}us" for g in x["gaps"][:4]))  # fmt: skip
+        print(f"{r['n_streams']:7d} loop-only kernels: " +
+              "; ".join(f"{k[:32]} {v['count']}x {v['us']:.0f}us" for k, v in t["loop_only_kernels"].items()))  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

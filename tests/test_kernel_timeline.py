@@ -84,3 +84,22 @@ def test_largest_gap_is_measured_from_the_latest_end_so_far(tl):
     ]
     assert tl.largest_gap(events) == {"us": 6.0, "after": "d@1", "before": "e@2"}
     assert tl.largest_gap(events[:1]) == {"us": 0.0, "after": None, "before": None}
+
+
+def test_gaps_by_pair_groups_idle_time_by_the_kernels_around_it(tl):
+    events = [
+        {"name": "head", "stream": 1, "start": 0.0, "dur": 5.0},
+        {"name": "qkv", "stream": 1, "start": 15.0, "dur": 5.0},  # 10 us after head
+        {"name": "head", "stream": 1, "start": 20.5, "dur": 5.0},  # 0.5 us: under min_us
+        {"name": "copy", "stream": 2, "start": 28.0, "dur": 1.0},  # 2.5 us after head
+        {"name": "head", "stream": 1, "start": 29.0, "dur": 5.0},
+        {"name": "qkv", "stream": 1, "start": 40.0, "dur": 5.0},  # 6 us after head
+    ]
+    assert tl.gaps_by_pair(events, min_us=1.0) == [
+        {"after": "head", "before": "qkv", "count": 2, "us": 16.0},
+        {"after": "head", "before": "copy", "count": 1, "us": 2.5},
+    ]
+    assert tl.gaps_by_pair(events, min_us=1.0, top=1) == [
+        {"after": "head", "before": "qkv", "count": 2, "us": 16.0}
+    ]
+    assert tl.gaps_by_pair(events, min_us=20.0) == []
