@@ -47,7 +47,7 @@ def test_chain_is_bitwise_the_three_kernels_and_leaves_its_counters_at_zero(mk, 
 def test_chain_refuses_configs_it_cannot_run(mk):  # noqa: F811
     table = _table_kind(mk, True)
     for change in ({"prenorm": False, "attn_out": False}, {"attn_out": False}, {"row_groups": 2},
-                   {"ffn_tickets": True}, {"ffn_slices": 4}, {"gemm_chain_per_sm": 0}):  # fmt: skip
+                   {"ffn_tickets": True}, {"ffn_slices": 4}, {"gemm_chain_per_sm": 0}, {"gemm_chain_maxnreg": 8}):  # fmt: skip
         with pytest.raises(ValueError, match="gemm_chain"):
             dataclasses.replace(table, gemm_chain=True, **change)
     assert (

@@ -75,6 +75,7 @@ RESULT_FREE_CHANGES = [
     {"attn_stages": 2}, {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
     {"gemm_chain": True, "row_groups": 1}, {"gemm_chain": True, "row_groups": 1, "gemm_chain_per_sm": 1},
+    {"gemm_chain": True, "row_groups": 1, "gemm_chain_per_sm": 3, "gemm_chain_maxnreg": 168},
 ]  # fmt: skip
 
 

@@ -136,12 +136,16 @@ def chain_scratch(n_rows: int, dim: int, ffn_dim: int, cfg: MmaConfig, device: t
 
 def chain_programs(n_tiles: int, cfg: MmaConfig, device: torch.device) -> tuple[int, dict]:
     """The chain's program count and launch options: SMs x cfg.gemm_chain_per_sm (at most the tiles), launched
-    cooperatively (all resident at once, or the launch fails) on a GPU; the tile count on the interpreter,
-    which runs programs one by one in order (a tile each: every tile's wait is over before it starts)."""
+    cooperatively (all resident at once, or the launch fails; cfg.gemm_chain_maxnreg: ptxas's register cap)
+    on a GPU; the tile count on the interpreter, which runs programs one by one in order (a tile each: every
+    tile's wait is over before it starts)."""
     if device.type != "cuda":
         return n_tiles, {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(n_tiles, sms * cfg.gemm_chain_per_sm), {"launch_cooperative_grid": True}
+    options = {"launch_cooperative_grid": True}
+    if cfg.gemm_chain_maxnreg:
+        options["maxnreg"] = cfg.gemm_chain_maxnreg
+    return min(n_tiles, sms * cfg.gemm_chain_per_sm), options
 
 
 def chain_stage(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream gemm_chain gemm_chain_per_sm".split()
+    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream gemm_chain gemm_chain_per_sm gemm_chain_maxnreg".split()
 )
 
 
@@ -82,6 +82,9 @@ class MmaConfig:
     # Needs prenorm and attn_out, and one row group (two cooperative chains could not share the GPU)
     gemm_chain: bool = False
     gemm_chain_per_sm: int = 2
+    # registers a thread of the chain's kernel may use (ptxas's maxnreg; 0: the compiler's choice), so that
+    # gemm_chain_per_sm programs fit an SM's 64K registers (e.g. 3 programs of 4 warps: 168). No effect on results
+    gemm_chain_maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
@@ -98,9 +101,13 @@ class MmaConfig:
             )
         if self.gemm_stages < 1 or self.attn_stages < 1 or self.gemm_chain_per_sm < 1:
             raise ValueError("MmaConfig.gemm_stages, attn_stages and gemm_chain_per_sm must be >= 1")
+        if self.gemm_chain_maxnreg and not 24 <= self.gemm_chain_maxnreg <= 255:
+            raise ValueError(
+                f"MmaConfig.gemm_chain_maxnreg must be 0 or 24-255, got {self.gemm_chain_maxnreg}"
+            )
         for name, value in vars(self).items():
             # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
-            spared = name in ("gemm_stages", "attn_stages", "gemm_chain_per_sm") or (
+            spared = name in ("gemm_stages", "attn_stages", "gemm_chain_per_sm", "gemm_chain_maxnreg") or (
                 name == "ffn_slices" and value == 0
             )
             if isinstance(value, bool) or spared:
