@@ -76,6 +76,7 @@ RESULT_FREE_CHANGES = [
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
     {"gemm_chain": True, "row_groups": 1}, {"gemm_chain": True, "row_groups": 1, "gemm_chain_per_sm": 1},
     {"gemm_chain": True, "row_groups": 1, "gemm_chain_per_sm": 3, "gemm_chain_maxnreg": 168},
+    {"attn_rows": 2}, {"attn_rows": 4},
 ]  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream gemm_chain gemm_chain_per_sm gemm_chain_maxnreg".split()
+    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream gemm_chain gemm_chain_per_sm gemm_chain_maxnreg attn_rows".split()
 )
 
 
@@ -80,6 +80,11 @@ class MmaConfig:
     # three GEMMs, weights loaded before the waits); gemm_chain_per_sm programs an SM, launched cooperatively.
     # The chain's kernel is launched without PDL (the kernels around it keep theirs). No effect on results.
     # Needs prenorm and attn_out, and one row group (two cooperative chains could not share the GPU)
+    # with attn_out, rows an attention program takes (where one program covers a row's whole cache): it attends
+    # them one after another, then reads each chunk of W_o's columns of its head once for all of them (W_o's
+    # reads from L2 a layer: 64 rows x 512 KB with 1 row a program). A row's operations are unchanged: no
+    # effect on results
+    attn_rows: int = 1
     gemm_chain: bool = False
     gemm_chain_per_sm: int = 2
     # registers a thread of the chain's kernel may use (ptxas's maxnreg; 0: the compiler's choice), so that
@@ -89,6 +94,8 @@ class MmaConfig:
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
+        if self.attn_rows > 1 and not self.attn_out:
+            raise ValueError("MmaConfig.attn_rows > 1 needs attn_out (its rows share W_o's reads)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
