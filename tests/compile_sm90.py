@@ -1,6 +1,6 @@
 """Compile the T2S step's Triton kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
 
-The many-row stack (the v3 table's config; PDL early and late on one kernel; the ticketed FFN; the GEMM chain), the
+The many-row stack (the v3 table's config; PDL early and late on one kernel; the ticketed FFN), the
 one-row stack (its table's config at one row, layer 0 gathering the embedding or not) and the per-row
 noise.
 
@@ -20,7 +20,6 @@ from triton.compiler import ASTSource
 from voicehub.runtime.kernels import row_noise_triton as noise
 from voicehub.runtime.kernels import t2s_ffn_ticket_triton as ticket
 from voicehub.runtime.kernels import t2s_layer_mma_attention_triton as attention
-from voicehub.runtime.kernels import t2s_layer_mma_chain_triton as chain
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mma
 from voicehub.runtime.kernels import t2s_layer_triton as one_row
 
@@ -35,7 +34,7 @@ FLOATS = {"eps", "scale"}
 # what Triton's launcher marks divisible by 16 at v3's shapes and 64 rows: rows, widths, the KV bucket and
 # cache length, the K spans of split GEMMs, the activations' and caches' strides
 ALIGNED_INTS = {"n_rows", "dim", "ffn_dim", "n_in", "n_out", "n_slots", "max_slots", "k_span", "span1", "span2",
-                "span3", "sxb", "skb", "skh", "sks", "svb", "svh", "svs"}  # fmt: skip
+                "sxb", "skb", "skh", "sks", "svb", "svh", "svs"}  # fmt: skip
 
 
 def signature(fn, constexprs: dict, overrides: dict) -> dict:
@@ -90,13 +89,12 @@ def main() -> None:
         compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, RAW=raw,
                                            STORED=stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits),
                      warps, stages)  # fmt: skip
-    # the table's tile loop, a pipelined one, and programs of two rows (attn_rows)
-    for stages, rows in sorted({(cfg.attn_stages, cfg.attn_rows), (2, cfg.attn_rows), (cfg.attn_stages, 2)}):
+    for stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
         compile_sm90(attention._attention_kernel,
                      dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
                           TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
-                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg), STAGES=stages,
-                          ROWS=rows), cfg.attn_warps, 3)  # fmt: skip
+                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg), STAGES=stages),
+                     cfg.attn_warps, 3)  # fmt: skip
     compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
                  warps, stages)  # fmt: skip
     for pdl in (0, 1, 2):
@@ -107,13 +105,6 @@ def main() -> None:
                  dict(BLOCK_M=cfg.block_m, BLOCK_F=cfg.ffn_block, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       BLOCK_D=DIM, SPLITS1=cfg.ffn1_splits, SPLITS2=cfg.ffn2_splits, IEEE=False, PDL=0,
                       PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
-    # the GEMM chain (ffn1, ffn2, the next qkv; the last layer's without qkv), launched cooperatively
-    for qkv in (True, False):
-        compile_sm90(chain._chain_kernel,
-                     dict(N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, BLOCK_M=cfg.block_m, BLOCK_F=cfg.ffn_block,
-                          BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_D=DIM, SPLITS1=cfg.ffn1_splits,
-                          SPLITS2=cfg.ffn2_splits, SPLITS3=cfg.qkv_splits, IEEE=False, QKV=qkv),
-                     warps, stages, acount_ptr="*i32", part3_ptr="*fp32", count3_ptr="*i32")  # fmt: skip
 
     # the one-row stack at one row (a single stream), PDL as its table says; qkv: layer 0 gathering the
     # embedding, layer 0 given x, a later layer

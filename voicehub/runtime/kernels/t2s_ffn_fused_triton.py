@@ -105,7 +105,7 @@ def _ffn_out(
     tl.store(out_ptr + rows[:, None] * dim + cols[None, :], acc, mask=mask)
     if PRENORM:
         _norm_rows_if_last(rcount_ptr, rb, 1, xf_ptr, out_ptr, b2_ptr, n2w_ptr, n2b_ptr, xn_ptr, rows, rmask,
-                           dim, eps, rcount_ptr, BLOCK_D, False)  # fmt: skip
+                           dim, eps, BLOCK_D)  # fmt: skip
 
 
 def fused_scratch_gemm(dim: int, n_slices: int) -> tuple[int, int, int]:

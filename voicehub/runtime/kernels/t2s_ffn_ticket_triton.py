@@ -46,18 +46,6 @@ _TICKET, _DONE, _READY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
-def _wait_count(ptr, need):
-    # until *ptr >= need: polled with plain (volatile) loads, not atomics, so waiting programs do not queue
-    # at the L2's atomic unit beside the working ones' counters; then one acquire read orders this
-    # program's later loads after the releases that counted (and every thread waits for it)
-    seen = tl.load(ptr, volatile=True)
-    while seen < need:
-        seen = tl.load(ptr, volatile=True)
-    tl.atomic_add(ptr, 0, sem="acquire")
-    tl.debug_barrier()
-
-
-@triton.jit
 def _unravel(i, n_middle, n_inner):
     # i -> (outer, middle, inner), inner fastest: a ticket's (row block, ..., ...)
     return i // (n_middle * n_inner), (i // n_inner) % n_middle, i % n_inner
@@ -90,13 +78,12 @@ def _ffn1_tile(
 @triton.jit
 def _ffn2_tile(
     u, h_ptr, w2_ptr, out_ptr, part_ptr, count_ptr, ready_ptr, xf_ptr, b2_ptr, n2w_ptr, n2b_ptr, xn_ptr,
-    rcount_ptr, n_rows, dim, ffn_dim, eps, span2, n_tiles, signal_ptr,
+    rcount_ptr, n_rows, dim, ffn_dim, eps, span2, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLITS2: tl.constexpr, IEEE: tl.constexpr, PRENORM: tl.constexpr,
-    SIGNAL: tl.constexpr,
 ):  # fmt: skip
     # ffn2's tile u (row block, split, output tile c) as `_linear_kernel` computes it, once its K range
-    # of h is stored; SIGNAL (with PRENORM): the row block's LN2, once stored, counts on signal_ptr[rb]
+    # of h is stored
     rb, split, c = _unravel(u, SPLITS2, n_tiles)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = c * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,13 +94,16 @@ def _ffn2_tile(
     w = _w_chunk(w2_ptr, outs, dim, ks, ffn_dim)  # no kernel writes W2: read before the wait
     need = tl.cdiv(tl.maximum(k_hi - k_lo, 0), BLOCK_F)  # ffn1 tiles in this K range (0: an empty split)
     ready = ready_ptr + rb * SPLITS2 + split
-    _wait_count(ready, need)
+    seen = tl.atomic_add(ready, 0, sem="acquire")
+    while seen < need:
+        seen = tl.atomic_add(ready, 0, sem="acquire")
+    tl.debug_barrier()  # no thread reads h before the counter said it is stored
     acc = _a_dot(
         h_ptr, w2_ptr, w, rows, rmask, outs, dim, ffn_dim, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, IEEE
     )
     _linear_tail(acc, out_ptr, part_ptr, count_ptr, rb * n_tiles + c, split, rcount_ptr, rb, n_tiles, xf_ptr, b2_ptr,
-                 n2w_ptr, n2b_ptr, xn_ptr, rows, rmask, outs, dim, eps, signal_ptr, BLOCK_M, BLOCK_N, BLOCK_D,
-                 SPLITS2, PRENORM, SIGNAL)  # fmt: skip
+                 n2w_ptr, n2b_ptr, xn_ptr, rows, rmask, outs, dim, eps, BLOCK_M, BLOCK_N, BLOCK_D, SPLITS2,
+                 PRENORM)  # fmt: skip
 
 
 @triton.jit
@@ -138,8 +128,8 @@ def _ffn_ticket_kernel(
                    BLOCK_K, BLOCK_D, SPLITS1, SPLITS2, IEEE, PRENORM)  # fmt: skip
     else:
         _ffn2_tile(t - n1, h_ptr, w2_ptr, out_ptr, part2_ptr, count2_ptr, ready_ptr, xf_ptr, b2_ptr, n2w_ptr,
-                   n2b_ptr, xn_ptr, rcount_ptr, n_rows, dim, ffn_dim, eps, span2, n_tiles, ready_ptr, BLOCK_M,
-                   BLOCK_N, BLOCK_F, BLOCK_K, BLOCK_D, SPLITS2, IEEE, PRENORM, False)  # fmt: skip
+                   n2b_ptr, xn_ptr, rcount_ptr, n_rows, dim, ffn_dim, eps, span2, n_tiles, BLOCK_M, BLOCK_N,
+                   BLOCK_F, BLOCK_K, BLOCK_D, SPLITS2, IEEE, PRENORM)  # fmt: skip
     tl.debug_barrier()
     if tl.atomic_add(sync_ptr + _DONE, 1, sem="acq_rel") == tl.num_programs(0) - 1:
         for i in range(0, row_blocks * SPLITS2):  # every program has ended: nothing reads them now

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream gemm_chain gemm_chain_per_sm gemm_chain_maxnreg attn_rows".split()
+    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream".split()
 )
 
 
@@ -75,48 +75,19 @@ class MmaConfig:
     # the caller's stream (`t2s_layer_mma_groups.GroupStreams`): the block scheduler starts a GEMM's programs
     # before pending attention programs. Where kernels run, not what they compute: no effect on results
     attn_stream: bool = False
-    # ffn1, ffn2 and the following layer's qkv in one persistent kernel a layer (`t2s_layer_mma_chain_triton`):
-    # the same tiles and operations, each waiting only for what it reads (no kernel boundary between the
-    # three GEMMs, weights loaded before the waits); gemm_chain_per_sm programs an SM, launched cooperatively.
-    # The chain's kernel is launched without PDL (the kernels around it keep theirs). No effect on results.
-    # Needs prenorm and attn_out, and one row group (two cooperative chains could not share the GPU)
-    # with attn_out, rows an attention program takes (where one program covers a row's whole cache): it attends
-    # them one after another, then reads each chunk of W_o's columns of its head once for all of them (W_o's
-    # reads from L2 a layer: 64 rows x 512 KB with 1 row a program). A row's operations are unchanged: no
-    # effect on results
-    attn_rows: int = 1
-    gemm_chain: bool = False
-    gemm_chain_per_sm: int = 2
-    # registers a thread of the chain's kernel may use (ptxas's maxnreg; 0: the compiler's choice), so that
-    # gemm_chain_per_sm programs fit an SM's 64K registers (e.g. 3 programs of 4 warps: 168). No effect on results
-    gemm_chain_maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
-        if self.attn_rows > 1 and not self.attn_out:
-            raise ValueError("MmaConfig.attn_rows > 1 needs attn_out (its rows share W_o's reads)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
-        if self.gemm_chain and not (self.prenorm and self.attn_out and self.row_groups == 1):
-            raise ValueError("MmaConfig.gemm_chain needs prenorm, attn_out and row_groups 1")
-        if self.gemm_chain and (self.ffn_slices or self.ffn_tickets):
-            raise ValueError(
-                "MmaConfig.gemm_chain runs the unfused FFN's tiles: ffn_slices 0, ffn_tickets off"
-            )
-        if self.gemm_stages < 1 or self.attn_stages < 1 or self.gemm_chain_per_sm < 1:
-            raise ValueError("MmaConfig.gemm_stages, attn_stages and gemm_chain_per_sm must be >= 1")
-        if self.gemm_chain_maxnreg and not 24 <= self.gemm_chain_maxnreg <= 255:
-            raise ValueError(
-                f"MmaConfig.gemm_chain_maxnreg must be 0 or 24-255, got {self.gemm_chain_maxnreg}"
-            )
+        if self.gemm_stages < 1 or self.attn_stages < 1:
+            raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
             # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
-            spared = name in ("gemm_stages", "attn_stages", "gemm_chain_per_sm", "gemm_chain_maxnreg") or (
-                name == "ffn_slices" and value == 0
-            )
+            spared = name in ("gemm_stages", "attn_stages") or (name == "ffn_slices" and value == 0)
             if isinstance(value, bool) or spared:
                 continue
             if value < 1 or value & (value - 1):

@@ -10,12 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import (
-    _norm_rows_if_last,
-    _normed,
-    _row_stats,
-    _signal_stored,
-)
+from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _norm_rows_if_last, _normed, _row_stats
 from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import _mm, _split_is_last, _split_sum
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous
 
@@ -107,23 +102,23 @@ def _ffn1_out(acc, b1_ptr, h_ptr, rows, rmask, hid, ffn_dim):
 @triton.jit
 def _linear_tail(
     acc, out_ptr, part_ptr, count_ptr, tile, split, rcount_ptr, row_block, n_tiles, res_ptr, bias_ptr, nw_ptr,
-    nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, signal_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, NORM: tl.constexpr, SIGNAL: tl.constexpr,
+    nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
     # a bias-free linear's tile [BLOCK_M, BLOCK_N] (fp32) to out: at once (SPLITS 1), or this split's partial
     # and, in the tile's last split to arrive, their fixed-order sum; NORM: then, in the row block's last
-    # tile (of n_tiles), dst = LN(res + rnd(out + bias)) (`_norm_rows_if_last`; SIGNAL: counted on signal_ptr)
+    # tile (of n_tiles), dst = LN(res + rnd(out + bias)) (`_norm_rows_if_last`)
     offs, mask = rows[:, None] * n_out + outs[None, :], rmask[:, None] & (outs < n_out)[None, :]
     if SPLITS == 1:
         tl.store(out_ptr + offs, acc, mask=mask)
         if NORM:
             _norm_rows_if_last(rcount_ptr, row_block, n_tiles, res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr,
-                               rows, rmask, n_out, eps, signal_ptr, BLOCK_D, SIGNAL)  # fmt: skip
+                               rows, rmask, n_out, eps, BLOCK_D)  # fmt: skip
     elif _split_is_last(acc, part_ptr, count_ptr, tile, split, BLOCK_M, BLOCK_N, SPLITS):
         tl.store(out_ptr + offs, _split_sum(part_ptr, count_ptr, tile, BLOCK_M, BLOCK_N, SPLITS), mask=mask)
         if NORM:
             _norm_rows_if_last(rcount_ptr, row_block, n_tiles, res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr,
-                               rows, rmask, n_out, eps, signal_ptr, BLOCK_D, SIGNAL)  # fmt: skip
+                               rows, rmask, n_out, eps, BLOCK_D)  # fmt: skip
 
 
 @triton.jit
@@ -144,20 +139,7 @@ def _ffn1_tail(
 
 
 @triton.jit
-def _qkv_out(
-    acc, bias_ptr, q_ptr, k_ptr, v_ptr, len_ptr, rows, rmask, outs, dim, max_slots, skb, skh, sks, svb, svh, svs,
-    HEAD_DIM: tl.constexpr,
-):  # fmt: skip
-    # rnd(acc + bias) [BLOCK_M, BLOCK_N]: q to its buffer, k and v into the cache at slot lengths[row]
-    dtype = q_ptr.dtype.element_ty
-    bias = tl.load(bias_ptr + outs, mask=outs < 3 * dim, other=0.0).to(tl.float32)
-    y = (acc + bias[None, :]).to(dtype)
-    part, head, d = outs // dim, (outs % dim) // HEAD_DIM, outs % HEAD_DIM  # part 0: q, 1: k, 2: v
-    tl.store(q_ptr + rows[:, None] * dim + outs[None, :], y, mask=rmask[:, None] & (outs < dim)[None, :])
-    slot = tl.load(len_ptr + rows, mask=rmask, other=max_slots).to(tl.int64)
-    ok = (rmask & (slot < max_slots))[:, None]
-    r64 = rows.to(tl.int64)[:, None]
-    k_off = r64 * skb + (head * skh + d)[None, :] + slot[:, None] * sks
-    v_off = r64 * svb + (head * svh + d)[None, :] + slot[:, None] * svs
-    tl.store(k_ptr + k_off, y, mask=ok & (part == 1)[None, :])
-    tl.store(v_ptr + v_off, y, mask=ok & (part == 2)[None, :])
+def _signal_stored(ready_ptr, SIGNAL: tl.constexpr):
+    if SIGNAL:
+        tl.debug_barrier()  # every thread's part of the tile is stored before the counter says so
+        tl.atomic_add(ready_ptr, 1, sem="release")

@@ -56,11 +56,10 @@ def _normed(
 @triton.jit
 def _norm_rows_if_last(
     count_ptr, row_block, n_tiles, res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, dim, eps,
-    signal_ptr, BLOCK_D: tl.constexpr, SIGNAL: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     # Called by a tile's program once its fp32 output tile is stored: the row block's last tile to arrive
-    # stores dst[rows] = LN(res + rnd(out + bias)) [BLOCK_M, dim] (dst's dtype) and resets the counter;
-    # SIGNAL: then adds 1 to signal_ptr[row_block] (release: the chain's qkv tiles wait on it)
+    # stores dst[rows] = LN(res + rnd(out + bias)) [BLOCK_M, dim] (dst's dtype) and resets the counter.
     tl.debug_barrier()  # every thread's part of the tile is written before the counter says so
     if tl.atomic_add(count_ptr + row_block, 1, sem="acq_rel") == n_tiles - 1:
         dtype = dst_ptr.dtype.element_ty
@@ -70,14 +69,6 @@ def _norm_rows_if_last(
         y = _normed(res_ptr, out_ptr, bias_ptr, nw_ptr, nb_ptr, rows, cols, mask, dim, mean, inv_std, dtype)
         tl.store(dst_ptr + rows[:, None] * dim + cols[None, :], y, mask=mask)
         tl.store(count_ptr + row_block, 0)
-        _signal_stored(signal_ptr + row_block, SIGNAL)
-
-
-@triton.jit
-def _signal_stored(ready_ptr, SIGNAL: tl.constexpr):
-    if SIGNAL:
-        tl.debug_barrier()  # every thread's part of the tile is stored before the counter says so
-        tl.atomic_add(ready_ptr, 1, sem="release")
 
 
 @triton.jit

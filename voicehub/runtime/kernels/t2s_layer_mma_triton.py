@@ -40,14 +40,12 @@ from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
-from voicehub.runtime.kernels.t2s_layer_mma_chain_triton import chain_scratch, chain_stage
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
     _a_dot,
     _ffn1_tail,
     _linear_tail,
     _normed_dot,
-    _qkv_out,
     _w_chunk,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_groups import GroupStreams, row_spans
@@ -103,6 +101,26 @@ def _qkv_kernel(
 
 
 @triton.jit
+def _qkv_out(
+    acc, bias_ptr, q_ptr, k_ptr, v_ptr, len_ptr, rows, rmask, outs, dim, max_slots, skb, skh, sks, svb, svh, svs,
+    HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    # rnd(acc + bias) [BLOCK_M, BLOCK_N]: q to its buffer, k and v into the cache at slot lengths[row]
+    dtype = q_ptr.dtype.element_ty
+    bias = tl.load(bias_ptr + outs, mask=outs < 3 * dim, other=0.0).to(tl.float32)
+    y = (acc + bias[None, :]).to(dtype)
+    part, head, d = outs // dim, (outs % dim) // HEAD_DIM, outs % HEAD_DIM  # part 0: q, 1: k, 2: v
+    tl.store(q_ptr + rows[:, None] * dim + outs[None, :], y, mask=rmask[:, None] & (outs < dim)[None, :])
+    slot = tl.load(len_ptr + rows, mask=rmask, other=max_slots).to(tl.int64)
+    ok = (rmask & (slot < max_slots))[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    k_off = r64 * skb + (head * skh + d)[None, :] + slot[:, None] * sks
+    v_off = r64 * svb + (head * svh + d)[None, :] + slot[:, None] * svs
+    tl.store(k_ptr + k_off, y, mask=ok & (part == 1)[None, :])
+    tl.store(v_ptr + v_off, y, mask=ok & (part == 2)[None, :])
+
+
+@triton.jit
 def _linear_kernel(
     a_ptr, w_ptr, out_ptr, part_ptr, gcount_ptr, n_rows, n_out, n_in, k_span,
     res_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rcount_ptr, eps,
@@ -123,8 +141,8 @@ def _linear_kernel(
                  BLOCK_N, BLOCK_K, IEEE)  # fmt: skip
     tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     _linear_tail(acc, out_ptr, part_ptr, gcount_ptr, tile, split, rcount_ptr, tl.program_id(1), tl.num_programs(0),
-                 res_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, rcount_ptr, BLOCK_M,
-                 BLOCK_N, BLOCK_D, SPLITS, NORM, False)  # fmt: skip
+                 res_ptr, bias_ptr, nw_ptr, nb_ptr, dst_ptr, rows, rmask, outs, n_out, eps, BLOCK_M, BLOCK_N,
+                 BLOCK_D, SPLITS, NORM)  # fmt: skip
 
 
 @triton.jit
@@ -180,8 +198,7 @@ class Scratch:
     (int32, zero between kernels); with prenorm, row_count: int32 per row block (zero between kernels),
     the out-proj / ffn2 normalisers'; with attn_out, out_part [B, H, D] fp32 (each head's share of the
     out-projection) and out_count [B] int32, zero between kernels (one-element placeholders without it);
-    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters); with gemm_chain, chain
-    (`chain_scratch`: the chain kernel's)."""
+    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters)."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -201,7 +218,6 @@ class Scratch:
     out_part: torch.Tensor
     out_count: torch.Tensor
     ticket: tuple  # the ticketed FFN's partials and counters (`ticket_scratch`), () without it
-    chain: tuple  # the chain kernel's partials and counters (`chain_scratch`), () without it
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
@@ -222,8 +238,7 @@ class Scratch:
                    row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
                    torch.empty(part_shape, device=dev, dtype=torch.float32),
                    torch.zeros(count_shape, device=dev, dtype=torch.int32),
-                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else (),
-                   chain_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.gemm_chain else ())  # fmt: skip
+                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else ())  # fmt: skip
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
@@ -350,28 +365,17 @@ def step_groups(
     the other groups' GEMMs). On the CPU the groups run one after another."""
     streams = GroupStreams(x, len(spans), cfg)
     x_in, prev = [x[lo:hi] for lo, hi in spans], None
-    n_layer = len(weights.layers)
     for i, layer in enumerate(weights.layers):
-        following = weights.layers[i + 1] if i + 1 < n_layer else None
         for g, ((lo, hi), s) in enumerate(zip(spans, scratch)):
             k, v, rows = k_cache[i, lo:hi], v_cache[i, lo:hi], lengths[lo:hi]
             with streams.gemms(g):
-                if not cfg.gemm_chain or i == 0:  # with the chain, the previous layer's kernel ran this qkv
-                    qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
+                qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
             with streams.attention(g):
                 attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
             with streams.gemms(g):
-                if cfg.gemm_chain:  # ffn1, ffn2 and the following layer's qkv in one kernel
-                    kv = (
-                        (k_cache[i + 1, lo:hi], v_cache[i + 1, lo:hi])
-                        if following is not None
-                        else (None, None)
-                    )
-                    chain_stage(s, layer, following, *kv, rows, weights.eps, cfg)
-                else:
-                    out_proj_stage(s, layer, weights.eps, cfg)
-                    ffn1_stage(s, layer, weights.eps, cfg)
-                    ffn2_stage(s, layer, weights.eps, cfg)
+                out_proj_stage(s, layer, weights.eps, cfg)
+                ffn1_stage(s, layer, weights.eps, cfg)
+                ffn2_stage(s, layer, weights.eps, cfg)
             x_in[g] = s.x_ffn
         prev = layer
     for g, ((lo, hi), s) in enumerate(zip(spans, scratch)):
