@@ -89,13 +89,12 @@ def main() -> None:
         compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, RAW=raw,
                                            STORED=stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits),
                      warps, stages)  # fmt: skip
-    # the table's tile loop, a pipelined one, and programs of two rows (attn_rows)
-    for stages, rows in sorted({(cfg.attn_stages, cfg.attn_rows), (2, cfg.attn_rows), (cfg.attn_stages, 2)}):
+    for stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
         compile_sm90(attention._attention_kernel,
                      dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
                           TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
-                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg), STAGES=stages,
-                          ROWS=rows), cfg.attn_warps, 3)  # fmt: skip
+                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg), STAGES=stages),
+                     cfg.attn_warps, 3)  # fmt: skip
     compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
                  warps, stages)  # fmt: skip
     for pdl in (0, 1, 2):

@@ -142,25 +142,6 @@ def test_pipelined_attention_tiles_give_the_same_bits(mk):
     assert not want.isnan().any()
 
 
-@pytest.mark.parametrize(("rows", "tiles"), [(2, 8), (2, 2)])
-def test_attention_programs_of_several_rows_give_the_same_bits(mk, rows, tiles):
-    # attn_rows 2: a program attends two rows of a head at once (their lengths differ: the shorter one's extra
-    # tiles hold no live slot; 17 rows: the last program has one), then their out-projection shares from one
-    # read of W_o's columns: bitwise one row a program; with programs of two tiles (a merge) one row a program
-    x, w, k, v, lengths = stack_inputs(17, torch.float16, LENGTHS[:17])
-    one = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=True, **SPLITS, attn_out=True)
-    want = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=one)
-    several = dataclasses.replace(one, attn_rows=rows)
-    assert torch.equal(
-        mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=several), want
-    )
-    assert not want.isnan().any()
-    with pytest.raises(ValueError, match="attn_rows"):
-        mk.MmaConfig(**BLOCKS, attn_rows=2)
-    with pytest.raises(ValueError, match="attn_rows"):
-        mk.MmaConfig(**BLOCKS, prenorm=True, attn_out=True, attn_rows=4)
-
-
 def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
     # 34 rows in two groups (32 + 2; on the CPU one after another): bitwise one call over all rows
     cfg = mk.MmaConfig(**BLOCKS)

@@ -73,7 +73,6 @@ RESULT_FREE_CHANGES = [
     {"pdl": True}, {"pdl": True, "pdl_late": True}, {"ffn_tickets": True}, {"kv_evict_first": False},
     {"attn_stages": 2}, {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
-    {"attn_rows": 2},
 ]  # fmt: skip
 
 

@@ -52,65 +52,22 @@ def _attend_tiles(
     # num_stages 1 compiles to the plain loop's code (PTX compared on Triton 3.6 and 3.9)
     for t in tl.range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES), num_stages=STAGES):
         slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
-        k, v = _kv_tile(k_row, v_row, slots, n, dims, dmask, sks, svs, KV_POLICY)
-        m, denom, acc = _online_softmax(k, v, q, slots < n, m, denom, acc, scale)
+        live = slots < n
+        kv_mask = live[:, None] & dmask[None, :]
+        k = tl.load(
+            k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+        )
+        v = tl.load(
+            v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+        )
+        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+        p = tl.exp(s - m_new)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m = m_new
     return m, denom, acc
-
-
-@triton.jit
-def _kv_tile(k_row, v_row, slots, n, dims, dmask, sks, svs, KV_POLICY: tl.constexpr):
-    # a tile's K and V [BLOCK_S, DH] (0 at slots >= n: masked loads read no memory)
-    kv_mask = (slots < n)[:, None] & dmask[None, :]
-    k = tl.load(
-        k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-    )
-    v = tl.load(
-        v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-    )
-    return k, v
-
-
-@triton.jit
-def _online_softmax(k, v, q, live, m, denom, acc, scale):
-    # one tile into the running (max, sum, p-weighted values); a tile with no live slot (after a live one)
-    # leaves them as they were: its max is -inf, so alpha is 1 and every p 0
-    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=0))  # finite once a tile had a live slot
-    alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-    p = tl.exp(s - m_new)
-    denom = denom * alpha + tl.sum(p, axis=0)
-    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-    return m_new, denom, acc
-
-
-@triton.jit
-def _attend_pair(
-    q_ptr, k_ptr, v_ptr, b, b1, h, n0, n1, dim, scale, skb, skh, sks, svb, svh, svs,
-    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-    KV_POLICY: tl.constexpr,
-):  # fmt: skip
-    # `_attend_tiles` (one program over the whole cache) for rows b and b + 1 of head h at once: each
-    # iteration loads both rows' tiles before either's math (twice the bytes in flight of one row), the same
-    # operations a row; the shorter row's extra tiles hold no live slot and change nothing. b1: b + 1, or a row
-    # in bounds with n1 0 where there is no row b + 1 (its results are garbage then and must not be stored)
-    dims = tl.arange(0, DH)
-    dmask = dims < HEAD_DIM
-    q0 = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
-    q1 = tl.load(q_ptr + b1 * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
-    b64, b164 = b.to(tl.int64), b1.to(tl.int64)
-    k0_row, v0_row = k_ptr + b64 * skb + h * skh, v_ptr + b64 * svb + h * svh
-    k1_row, v1_row = k_ptr + b164 * skb + h * skh, v_ptr + b164 * svb + h * svh
-    m0 = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
-    d0 = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
-    acc0 = tl.zeros([DH], tl.float32)
-    m1, d1, acc1 = m0, d0, acc0
-    for t in range(0, tl.minimum(tl.cdiv(tl.maximum(n0, n1), BLOCK_S), TILES)):
-        slots = t * BLOCK_S + tl.arange(0, BLOCK_S)
-        k0, v0 = _kv_tile(k0_row, v0_row, slots, n0, dims, dmask, sks, svs, KV_POLICY)
-        k1, v1 = _kv_tile(k1_row, v1_row, slots, n1, dims, dmask, sks, svs, KV_POLICY)
-        m0, d0, acc0 = _online_softmax(k0, v0, q0, slots < n0, m0, d0, acc0, scale)
-        m1, d1, acc1 = _online_softmax(k1, v1, q1, slots < n1, m1, d1, acc1, scale)
-    return d0, acc0, d1, acc1
 
 
 @triton.jit
@@ -118,59 +75,43 @@ def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
     wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
-    n_rows, N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
+    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
-    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it. ROWS 2 (with OUT
-    # and SPLITS 1): the program attends rows b and b + 1 of head h at once (`_attend_pair`), then multiplies
-    # both by W_o's columns of the head, read once (`_rows_out_proj`)
+    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
     _await_previous(PDL)  # no weights here to read first
     split = tl.program_id(0)
     h = tl.program_id(1)
-    b = tl.program_id(2) * ROWS
+    b = tl.program_id(2)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
+    m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
+    dims = tl.arange(0, DH)
+    out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty
-    if ROWS > 1:  # two rows (MmaConfig.attn_rows)
-        dims = tl.arange(0, DH)
-        n0 = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
-        b1 = tl.minimum(b + 1, n_rows - 1)  # row b again where there is no row b + 1 (n1 0 then)
-        n1 = tl.where(b + 1 < n_rows, tl.minimum(tl.load(len_ptr + b1).to(tl.int32) + 1, n_slots), 0)
-        d0, acc0, d1, acc1 = _attend_pair(q_ptr, k_ptr, v_ptr, b, b1, h, n0, n1, dim, scale, skb, skh, sks, svb, svh, svs,
-                                          HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY)  # fmt: skip
-        tl.store(attn_ptr + b * dim + h * HEAD_DIM + dims, (acc0 / d0).to(dtype), mask=dims < HEAD_DIM)
-        tl.store(attn_ptr + (b + 1) * dim + h * HEAD_DIM + dims, (acc1 / d1).to(dtype),
-                 mask=(dims < HEAD_DIM) & (b + 1 + dims * 0 < n_rows))  # fmt: skip
-        tl.debug_barrier()  # every thread's values are stored before any thread reads them back
-        _rows_out_proj(attn_ptr, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
-                       n_rows, dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O, ROWS)  # fmt: skip
+    if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
+        a = (acc / denom).to(dtype)
+        if OUT:
+            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
+                           eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+        else:
+            tl.store(out, a, mask=dims < HEAD_DIM)
     else:
-        n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
-        m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
-                                      svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
-        dims = tl.arange(0, DH)
-        out = attn_ptr + b * dim + h * HEAD_DIM + dims
-        if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
-            a = (acc / denom).to(dtype)
+        # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
+        base = (b * N_HEAD + h) * SPLITS
+        tl.store(part_ptr + (base + split) * DH + dims, acc)
+        tl.store(m_ptr + base + split, m)
+        tl.store(l_ptr + base + split, denom)
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
+            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
             if OUT:
-                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
-                               eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
+                               dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
             else:
                 tl.store(out, a, mask=dims < HEAD_DIM)
-        else:
-            # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
-            base = (b * N_HEAD + h) * SPLITS
-            tl.store(part_ptr + (base + split) * DH + dims, acc)
-            tl.store(m_ptr + base + split, m)
-            tl.store(l_ptr + base + split, denom)
-            tl.debug_barrier()  # every thread's partial is written before the counter says so
-            if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-                a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
-                if OUT:
-                    _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
-                                   dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
-                else:
-                    tl.store(out, a, mask=dims < HEAD_DIM)
 
 
 @triton.jit
@@ -193,19 +134,6 @@ def _head_out_proj(
         share = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
         tl.store(opart_ptr + (b * N_HEAD + h) * dim + outs, share, mask=omask)
     tl.debug_barrier()  # every thread's share is stored before the counter says so
-    _ln1_if_last_head(
-        bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, dim, eps, N_HEAD, BLOCK_D
-    )
-
-
-@triton.jit
-def _ln1_if_last_head(
-    bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, dim, eps, N_HEAD: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    # once this head's share of row b is stored: the row's last head to arrive (an int32 counter per row, left
-    # at 0 for the next layer) sums the 16 shares in head order and stores x_ffn[b] = LN1(x_attn[b] + rnd(out
-    # + b_o))
     if tl.atomic_add(rcount_ptr + b, 1, sem="acq_rel") == N_HEAD - 1:
         cols = tl.arange(0, BLOCK_D)
         cmask = cols < dim
@@ -218,46 +146,9 @@ def _ln1_if_last_head(
         tl.store(rcount_ptr + b, 0)
 
 
-@triton.jit
-def _rows_out_proj(
-    attn_ptr, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b0, h, n_rows, dim, eps,
-    N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
-    ROWS: tl.constexpr,
-):  # fmt: skip
-    # `_head_out_proj` for rows b0 .. b0 + ROWS - 1 (below n_rows) of head h, their outputs read back from attn
-    # (the model dtype, as stored): each BLOCK_O chunk of W_o's columns of the head is read once for all the
-    # rows (a row's share: the same operations as `_head_out_proj`'s, so the same bits), then each row's LN1
-    # by its last head
-    dims = tl.arange(0, DH)
-    dmask = dims < HEAD_DIM
-    for o0 in tl.static_range(0, BLOCK_D, BLOCK_O):
-        outs = o0 + tl.arange(0, BLOCK_O)
-        omask = outs < dim
-        wo = tl.load(wo_ptr + outs[:, None] * dim + h * HEAD_DIM + dims[None, :], mask=omask[:, None] & dmask[None, :],
-                     other=0.0)  # fmt: skip
-        for r in tl.static_range(ROWS):
-            if b0 + r < n_rows:
-                af = tl.load(attn_ptr + (b0 + r) * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(
-                    tl.float32
-                )
-                share = tl.sum(wo.to(tl.float32) * af[None, :], axis=1)
-                tl.store(opart_ptr + ((b0 + r) * N_HEAD + h) * dim + outs, share, mask=omask)
-    tl.debug_barrier()  # every thread's shares are stored before the counters say so
-    for r in tl.static_range(ROWS):
-        if b0 + r < n_rows:
-            _ln1_if_last_head(bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b0 + r, dim, eps,
-                              N_HEAD, BLOCK_D)  # fmt: skip
-
-
 def kv_policy(cfg: MmaConfig) -> str:
     """The K/V loads' L2 eviction policy (the kernel's KV_POLICY): evict_first with cfg.kv_evict_first."""
     return "evict_first" if cfg.kv_evict_first else ""
-
-
-def attn_rows(cfg: MmaConfig, splits: int) -> int:
-    """Rows an attention program takes: cfg.attn_rows where one program covers a row's whole cache (splits
-    1, no merge), else 1 (a merge is per (row, head)). The same values either way."""
-    return cfg.attn_rows if splits == 1 else 1
 
 
 def attn_span(cfg: MmaConfig) -> int:
@@ -274,14 +165,12 @@ def attention_stage(
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
     block_d = triton.next_power_of_2(dim)
-    rows = attn_rows(cfg, s.splits)
-    _attention_kernel[(n_splits, n_head, triton.cdiv(n_rows, rows))](
+    _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
         layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.out_part,
         s.out_count, eps,
-        n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3], n_rows,
+        n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
-        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, ROWS=rows, num_warps=cfg.attn_warps,
-        **_launch(cfg, s.q.device),
+        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream attn_rows".split()
+    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream".split()
 )
 
 
@@ -75,17 +75,10 @@ class MmaConfig:
     # the caller's stream (`t2s_layer_mma_groups.GroupStreams`): the block scheduler starts a GEMM's programs
     # before pending attention programs. Where kernels run, not what they compute: no effect on results
     attn_stream: bool = False
-    # with attn_out, rows an attention program takes (2 or 1; where one program covers a row's whole cache): it
-    # streams both rows' K/V tiles in the same iterations (as many bytes in flight as two one-row programs), then
-    # reads each chunk of W_o's columns of its head once for both (W_o's reads from L2 a layer: 64 rows x 512 KB
-    # with 1 row a program). A row's operations are unchanged: no effect on results
-    attn_rows: int = 1
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
-        if self.attn_rows not in (1, 2) or (self.attn_rows > 1 and not self.attn_out):
-            raise ValueError("MmaConfig.attn_rows is 1, or 2 with attn_out (the two rows share W_o's reads)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
