@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -59,17 +59,25 @@ def overlap(a: Iterable[tuple[float, float]], b: Iterable[tuple[float, float]]) 
     return covered(a) + covered(b) - covered(a + b)
 
 
-def largest_gap(events: list[dict]) -> dict:
-    """The longest time with no kernel running, between the first start and the last end, with the kernel
-    whose end opens it and the kernel whose start closes it (names and streams)."""
-    best = {"us": 0.0, "after": None, "before": None}
+def idle_gaps(events: list[dict]) -> Iterator[tuple[float, dict, dict]]:
+    """Each time with no kernel running, between the first start and the last end: (its length in µs, the
+    kernel whose end opens it, the kernel whose start closes it), in time order. Gaps are measured from the
+    latest end so far (a long kernel covers the shorter ones it overlaps)."""
     end, last = None, None
     for e in sorted(events, key=lambda e: e["start"]):
-        if end is not None and e["start"] - end > best["us"]:
-            best = {"us": e["start"] - end, "after": f"{last['name']}@{last['stream']}",
-                    "before": f"{e['name']}@{e['stream']}"}  # fmt: skip
+        if end is not None and e["start"] > end:
+            yield e["start"] - end, last, e
         if end is None or e["start"] + e["dur"] > end:
             end, last = e["start"] + e["dur"], e
+
+
+def largest_gap(events: list[dict]) -> dict:
+    """The longest idle gap (`idle_gaps`), with the kernels on either side (names and streams)."""
+    best = {"us": 0.0, "after": None, "before": None}
+    for us, after, before in idle_gaps(events):
+        if us > best["us"]:
+            best = {"us": us, "after": f"{after['name']}@{after['stream']}",
+                    "before": f"{before['name']}@{before['stream']}"}  # fmt: skip
     return best
 
 
@@ -109,14 +117,11 @@ def gaps_by_pair(events: list[dict], min_us: float = 1.0, top: int = 8) -> list[
     one whose end opens the gap, the one whose start closes it): count and summed µs, the largest
     groups first. Where a loop's GPU time goes between its graphs: after which kernel the device waits."""
     groups: dict[tuple[str, str], dict] = {}
-    end, last = None, None
-    for e in sorted(events, key=lambda e: e["start"]):
-        if end is not None and e["start"] - end >= min_us:
-            row = groups.setdefault((last["name"], e["name"]), {"count": 0, "us": 0.0})
+    for us, after, before in idle_gaps(events):
+        if us >= min_us:
+            row = groups.setdefault((after["name"], before["name"]), {"count": 0, "us": 0.0})
             row["count"] += 1
-            row["us"] += e["start"] - end
-        if end is None or e["start"] + e["dur"] > end:
-            end, last = e["start"] + e["dur"], e
+            row["us"] += us
     ranked = sorted(groups.items(), key=lambda kv: -kv[1]["us"])[:top]
     return [{"after": a, "before": b, **row} for (a, b), row in ranked]
 
