@@ -118,6 +118,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     launchfloor) step launch-floor 60 python3 benchmarks/launch_floor_probe.py --out "$OUT/launch_floor_h200.json"
       step t2s-rows-timeline-16 60 python3 benchmarks/t2s_rows_probe.py --rows 16 --lengths 480 --timeline chain \
         --out "$OUT/t2s_rows_timeline_16_h200.json" ;;
+    # session 28: whole rounds as one graph replay (T2SRowEngine round_graphs) against single steps, same machine
+    roundgraphs) step round-graphs-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_t2s_row_engine.py
+      step t2s-batch-steps 150 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
+        --out "$OUT/t2s_batch_triton_h200_steps.json"
+      step t2s-batch-rounds 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
+        --round-graphs --out "$OUT/t2s_batch_triton_h200_rounds.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 3 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA

@@ -323,6 +323,11 @@ def main() -> None:
         "measured in the engine before it goes in the table)",
     )
     p.add_argument(
+        "--round-graphs",
+        action="store_true",
+        help="the engine also captures a graph of each whole round (T2SRowEngine round_graphs): one replay a round",
+    )
+    p.add_argument(
         "--timeline",
         action="store_true",
         help="per level, one more run and replay-only decode traced by the profiler (CUDA): where the loop's "
@@ -348,7 +353,11 @@ def main() -> None:
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     preset = "full" if on_gpu else "off"
-    engine, capture_s = timed(lambda: T2SRowEngine(model, cfg, preset=preset, prefill_rows=args.prefill_rows))
+    engine, capture_s = timed(
+        lambda: T2SRowEngine(
+            model, cfg, preset=preset, prefill_rows=args.prefill_rows, round_graphs=args.round_graphs
+        )
+    )
     kernels = step_kernels(args.kernels, args.rows_stack, args.device)
     if kernels is not None:  # captured again with the kernels (the first capture is the native step's)
         _, capture_s = timed(lambda: engine.set_step_kernels(kernels))
@@ -390,7 +399,8 @@ def main() -> None:
         del row["_rounds"], row["_reads"]
         row["identity"] = [identity(toks[i], eager[i], alone[i]) for i in range(min(level, n_check))]
         rows.append(row)
-    result = {"levels": rows, "capture_full_s": capture_s, "n_graphs": len(engine.graphs.captured_buckets)}
+    result = {"levels": rows, "capture_full_s": capture_s, "n_graphs": len(engine.graphs.captured_buckets),
+              "n_round_graphs": engine.rounds.n_captured if engine.rounds is not None else 0}  # fmt: skip
     if on_gpu:
         result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
@@ -400,7 +410,7 @@ def main() -> None:
         "checkpoint": args.size, "n_phones": N_PHONES, "n_prompt_tokens": N_PROMPT,
         "n_decoded": args.n_tokens, "levels": levels, "kv_buckets": list(KV_BUCKETS),
         "batch_buckets": list(cfg.row_buckets), "stop_check_interval": args.stop_check_interval,
-        "poll_lag": args.poll_lag, "prefill_rows": args.prefill_rows,
+        "poll_lag": args.poll_lag, "prefill_rows": args.prefill_rows, "round_graphs": args.round_graphs,
     }  # fmt: skip
     info["warmups"] = (
         "capture at load (preset full), one 4-stream run, one run of every stream for 9 tokens; median of --reps "

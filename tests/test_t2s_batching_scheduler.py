@@ -46,6 +46,10 @@ class ScriptedEngine:
                 self.made[row].append(len(self.made[row]))
                 self.left[row] -= 1
 
+    def step_round(self, n_rows: int, n_steps: int) -> None:
+        for _ in range(n_steps):
+            self.step(n_rows)
+
     def snapshot(self, rows):
         self.snapshots += 1
         return {r: (self.generation[r], len(self.made[r]), self.left[r] == 0) for r in rows}

@@ -174,16 +174,38 @@ def test_reading_snapshots_a_round_late_changes_no_token(tiny):
         assert streamed == (tokens if reason != StopReason.MAX_TOKENS else streamed[:1] + tokens)
 
 
+def test_round_graphs_step_whole_rounds_at_one_bucket_and_change_no_token(tiny):
+    # round_graphs (here eager: preset off runs a round's function as its graph would): a round whose steps
+    # all fall in one KV bucket goes as one unit, a round crossing into the next bucket step by step, a short
+    # round (fewer steps than the interval) step by step; the tokens are those of the single-step engine
+    model, config = tiny
+    reqs = _requests(config)
+    plain = T2SRowEngine(model, ENGINE, "off", padded_prefill=True, prefill_rows=2)
+    rounds = T2SRowEngine(model, ENGINE, "off", padded_prefill=True, prefill_rows=2, round_graphs=True)
+    seen = []  # (unit, key) of every run, rounds and single steps
+    for unit, runner in (("round", rounds.rounds), ("step", rounds.graphs)):
+        run = runner.run
+        runner.run = lambda key, unit=unit, run=run: (seen.append((unit, key)), run(key))[1]
+    assert _streams(rounds, reqs, 1) == _streams(plain, reqs, 1)
+    units = {unit for unit, _ in seen}
+    assert units == {"round", "step"}, units
+    buckets = sorted({key[1] for unit, key in seen if unit == "round"})
+    assert len(buckets) >= 2, buckets  # whole rounds at more than one bucket (64, 128, 160)
+
+
 @pytest.mark.gpu
 def test_rounds_wait_for_the_device_only_at_snapshot_events(tmp_path):
-    """CUDA, graphs: admission, steps, snapshots and releases never block on the device's queue (any
-    synchronizing op raises under sync debug mode 'error'); tokens equal the eager engine's."""
+    """CUDA, graphs (single steps, and with round graphs whole rounds): admission, steps, snapshots and
+    releases never block on the device's queue (any synchronizing op raises under sync debug mode 'error');
+    tokens equal the eager engine's."""
     path = make_t2s_checkpoint(tmp_path / "tiny.ckpt", "tiny", seed=0)
     model, config = load_t2s(path, dtype="float32", device="cuda")
     reqs = _requests(config)
     runs = []
-    for preset in ("off", "full"):
-        engine = T2SRowEngine(model, ENGINE, preset, padded_prefill=True, prefill_rows=2)
+    for preset, round_graphs in (("off", False), ("full", False), ("full", True)):
+        engine = T2SRowEngine(
+            model, ENGINE, preset, padded_prefill=True, prefill_rows=2, round_graphs=round_graphs
+        )
         _streams(engine, reqs, 1)  # warm-up: allocator, pinned blocks
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error" if preset == "full" else 0)
@@ -191,7 +213,8 @@ def test_rounds_wait_for_the_device_only_at_snapshot_events(tmp_path):
             runs.append(_streams(engine, reqs, 1))
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
+    assert engine.rounds.n_captured == len(engine.graphs.captured_buckets)
 
 
 @pytest.mark.gpu

@@ -74,6 +74,9 @@ class RowEngine(Protocol):
     def step(self, n_rows: int) -> None:
         """Advance every live row in [0, n_rows) by one token; rows not live must stay unchanged."""
 
+    def step_round(self, n_rows: int, n_steps: int) -> None:
+        """`step` n_steps times (an engine may run them as one unit, e.g. one graph replay)."""
+
     def snapshot(self, rows: list[int]) -> Any:
         """Start copying the state of `rows` to the host (no wait); `collect` reads it."""
 
@@ -280,8 +283,7 @@ class ContinuousScheduler:
             return 0
         n_rows = pick_bucket(max(row for row, _ in stepping) + 1, self.engine.row_buckets)
         n_steps = min(self.engine.stop_check_interval, max(n for _, n in stepping))
-        for _ in range(n_steps):
-            self.engine.step(n_rows)
+        self.engine.step_round(n_rows, n_steps)
         self.n_steps += n_steps
         self.n_rounds += 1
         return n_steps

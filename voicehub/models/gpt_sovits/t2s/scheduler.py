@@ -90,6 +90,9 @@ class T2SRowEngine(T2SStaticDecoder):
     preset: `full` captures a graph per (batch bucket, KV bucket) at construction; `off` steps
     eagerly. `minimal` and `lazy` are refused: capturing on first use runs warm-up steps on live
     rows. Do not mix with the inherited batch `decode` while rows are busy (same buffers).
+    round_graphs: also a graph of stop_check_interval steps per key (`step_round`: a whole round in one
+    replay where every step of it runs at the same KV bucket, the same steps the single-step graphs run;
+    ~interval times the capture work at load). Off by default.
     padded_prefill: admit prompts through `PaddedPrefill` (prefill_rows prompts a call, each call into its
     own rows; graphs of every length bucket captured at construction under `full`); None: exactly when
     the preset is full.
@@ -102,6 +105,7 @@ class T2SRowEngine(T2SStaticDecoder):
         preset: str = "off",
         padded_prefill: bool | None = None,
         prefill_rows: int = PREFILL_ROWS,
+        round_graphs: bool = False,
     ):
         super().__init__(model, engine)
         self.preset = parse_graph_preset(preset)
@@ -129,11 +133,16 @@ class T2SRowEngine(T2SStaticDecoder):
             self.prefill = PaddedPrefill(model, self.cache, PROMPT_ROOM, self.preset, row_counts=(rows,))
         keys = [(r, s) for r in self.engine.row_buckets for s in self.engine.buckets]
         self.graphs = BucketedGraphRunner(self._graph_step, keys, self.preset, self.device)
+        self.rounds = (
+            BucketedGraphRunner(self._graph_round, keys, self.preset, self.device) if round_graphs else None
+        )
         self._capture()
 
     def _capture(self) -> None:
         if self.preset is GraphPreset.FULL:
             self.graphs.capture_at_load()  # warm-ups step free rows only: harmless
+            if self.rounds is not None:
+                self.rounds.capture_at_load()
             if self.prefill is not None:  # independent of the step kernels: captured once
                 self.prefill.capture_at_load()
             self._reset()
@@ -144,6 +153,8 @@ class T2SRowEngine(T2SStaticDecoder):
             raise RuntimeError(f"rows {sorted(self._rows)} are busy; change step kernels while idle")
         previous = super().set_step_kernels(kernels)
         self.graphs.reset()
+        if self.rounds is not None:
+            self.rounds.reset()
         self._capture()
         return previous
 
@@ -197,11 +208,33 @@ class T2SRowEngine(T2SStaticDecoder):
     def step(self, n_rows: int) -> None:
         """One token for every live row in [0, n_rows), against the bucket of the longest busy row."""
         busy = [rec for r, rec in self._rows.items() if r < n_rows]
-        # a row's next write goes to slot n_prompt + steps; it never passes n_prompt + limit - 1
-        need = max((rec.n_prompt + min(rec.n_stepped, rec.limit - 1) + 1 for rec in busy), default=1)
-        self.graphs.run((n_rows, pick_bucket(need, self.engine.buckets)))
+        self.graphs.run((n_rows, self._bucket(busy, 0)))
         for rec in busy:
             rec.n_stepped += 1
+
+    @torch.inference_mode()
+    def step_round(self, n_rows: int, n_steps: int) -> None:
+        """n_steps `step`s: with round graphs, a round of stop_check_interval steps whose KV bucket is the same
+        for all of them (the first step's is the last's) is one replay of the round's graph; else step by step."""
+        busy = [rec for r, rec in self._rows.items() if r < n_rows]
+        bucket = self._bucket(busy, 0)
+        if (
+            self.rounds is not None
+            and n_steps == self.stop_check_interval
+            and self._bucket(busy, n_steps - 1) == bucket
+        ):
+            self.rounds.run((n_rows, bucket))
+            for rec in busy:
+                rec.n_stepped += n_steps
+            return
+        for _ in range(n_steps):
+            self.step(n_rows)
+
+    def _bucket(self, busy: list[_Row], ahead: int) -> int:
+        """The KV bucket of the step `ahead` steps from now: the busy rows' longest next write holds. A row's
+        next write goes to slot n_prompt + steps; it never passes n_prompt + limit - 1."""
+        need = max((rec.n_prompt + min(rec.n_stepped + ahead, rec.limit - 1) + 1 for rec in busy), default=1)
+        return pick_bucket(need, self.engine.buckets)
 
     def _graph_step(self, key: GraphKey) -> None:
         """The captured unit: per-row noise from (seed, step), then `decode_step` over n_rows rows."""
@@ -219,6 +252,11 @@ class T2SRowEngine(T2SStaticDecoder):
             noise,
             kernels=self.kernels.for_rows(),  # the many-row stack, if the kernels have one
         )
+
+    def _graph_round(self, key: GraphKey) -> None:
+        """The captured round: stop_check_interval `_graph_step`s at one key."""
+        for _ in range(self.stop_check_interval):
+            self._graph_step(key)
 
     def _noise(self, seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """The rows' noise for this step: the ROW_NOISE op of the step kernels, else its torch definition."""
