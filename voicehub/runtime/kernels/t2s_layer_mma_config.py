@@ -116,6 +116,10 @@ class MmaConfig:
 # of at least 32 rows. Closed loop (t2s_batch_triton_h100_3ac7dfe*.json): 64 streams +2.2%, 128 streams +1.3%.
 # Session 27 (t2s_batch_triton_h100_e7d9d12*.json, H100): this entry against row_groups 1, 64 streams +0.9%, 128
 # streams +3.3%; attn_stream within 1.4% either way and PDL with groups 4-8% slower (t2s_rows_probe_h100_e7d9d12_*.json).
+# Session 28 (H100, one group, 64 rows, KV 480; bit-equal, then removed): ffn1 + ffn2 + the next qkv as one
+# cooperative persistent kernel 1,240 -> 1,288 us (t2s_rows_probe_h100_9ebd213_chain.json; a grid barrier costs
+# about a kernel boundary, launch_floor_h100_9ebd213.json), attention programs of two rows sharing W_o's reads
+# 1,240 -> 1,362 us (t2s_rows_probe_h100_2cbb388_attn_pair.json).
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
