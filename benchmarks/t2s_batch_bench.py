@@ -47,7 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from kernel_timeline import gaps_by_pair, summary, traced
+from kernel_timeline import loop_against_replay, traced
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, meta, timed
 from t2s_layer_bench import parse_change
 
@@ -249,28 +249,11 @@ def replay_only(engine: T2SRowEngine, requests: list[T2SRequest], n_steps: int) 
 
 
 def timeline(engine: T2SRowEngine, requests: list[T2SRequest], poll_lag: int, n_replayed: int) -> dict:
-    """The level's run and its replay-only decode, each traced once (every GPU kernel: `kernel_timeline`),
-    read over the middle half of each trace (the steady state: no admission, no tail): the share of the time
-    the device is busy and idle, the gaps the loop leaves between kernels (grouped by the kernels around
-    them), and the kernels only the loop runs (its snapshots)."""
-    out = {}
-    for name, fn in (
-        ("loop", lambda: run_level(engine, requests, poll_lag)),
-        ("replay", lambda: replay_only(engine, requests, n_replayed)),
-    ):
-        _, events = traced(fn)
-        span = max(e["start"] + e["dur"] for e in events)
-        mid = [e for e in events if span / 4 <= e["start"] < 3 * span / 4]
-        s = summary(mid)
-        out[name] = {
-            "window_us": s["wall_us"], "n_kernels": s["n_kernels"], "busy_share": s["busy_us"] / s["wall_us"],
-            "idle_share": s["idle_us"] / s["wall_us"], "gaps": gaps_by_pair(mid, min_us=2.0), "by_name": s["by_name"],
-        }  # fmt: skip
-    replay_names = set(out["replay"]["by_name"])
-    out["loop_only_kernels"] = {k: v for k, v in out["loop"]["by_name"].items() if k not in replay_names}
-    for part in ("loop", "replay"):
-        del out[part]["by_name"]
-    return out
+    """The level's run and its replay-only decode, each traced once (every GPU kernel), compared over their
+    steady states (`kernel_timeline.loop_against_replay`): where the loop's device time goes between graphs."""
+    _, loop = traced(lambda: run_level(engine, requests, poll_lag))
+    _, replay = traced(lambda: replay_only(engine, requests, n_replayed))
+    return loop_against_replay(loop, replay)
 
 
 def identity(tokens: torch.Tensor, eager_ref, alone: torch.Tensor | None) -> dict:

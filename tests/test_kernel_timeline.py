@@ -103,3 +103,24 @@ def test_gaps_by_pair_groups_idle_time_by_the_kernels_around_it(tl):
         {"after": "head", "before": "qkv", "count": 2, "us": 16.0}
     ]
     assert tl.gaps_by_pair(events, min_us=20.0) == []
+
+
+def test_loop_against_replay_reads_the_middle_half_of_each_trace(tl):
+    def run(names, gap):  # 8 kernels of 10 us, `gap` us apart, from t = 0
+        return [{"name": n, "stream": 7, "start": i * (10.0 + gap), "dur": 10.0} for i, n in enumerate(names)]
+
+    loop = run(
+        ["step", "step", "step", "snap", "step", "step", "step", "step"], 5.0
+    )  # span 115: [28.75, 86.25)
+    replay = run(["step"] * 8, 0.0)  # span 80: [20, 60)
+    got = tl.loop_against_replay(loop, replay)
+    # loop window: kernels starting at 30, 45, 60, 75 (the 'snap' at 45); replay: at 20, 30, 40, 50
+    assert got["loop"]["n_kernels"] == 4 and got["loop"]["window_us"] == 55.0
+    assert got["loop"]["idle_share"] == 15.0 / 55.0 and got["loop"]["busy_share"] == 40.0 / 55.0
+    assert got["loop"]["gaps"] == [{"after": "step", "before": "snap", "count": 1, "us": 5.0},
+                                   {"after": "snap", "before": "step", "count": 1, "us": 5.0},
+                                   {"after": "step", "before": "step", "count": 1, "us": 5.0}]  # fmt: skip
+    assert (
+        got["replay"]["n_kernels"] == 4 and got["replay"]["idle_share"] == 0.0 and got["replay"]["gaps"] == []
+    )
+    assert got["loop_only_kernels"] == {"snap": {"count": 1, "us": 10.0}}
