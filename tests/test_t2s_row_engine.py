@@ -183,9 +183,16 @@ def test_round_graphs_step_whole_rounds_at_one_bucket_and_change_no_token(tiny):
     plain = T2SRowEngine(model, ENGINE, "off", padded_prefill=True, prefill_rows=2)
     rounds = T2SRowEngine(model, ENGINE, "off", padded_prefill=True, prefill_rows=2, round_graphs=True)
     seen = []  # (unit, key) of every run, rounds and single steps
-    for unit, runner in (("round", rounds.rounds), ("step", rounds.graphs)):
-        run = runner.run
-        runner.run = lambda key, unit=unit, run=run: (seen.append((unit, key)), run(key))[1]
+
+    def logged(unit, run):
+        def run_logged(key):
+            seen.append((unit, key))
+            return run(key)
+
+        return run_logged
+
+    rounds.rounds.run = logged("round", rounds.rounds.run)
+    rounds.graphs.run = logged("step", rounds.graphs.run)
     assert _streams(rounds, reqs, 1) == _streams(plain, reqs, 1)
     units = {unit for unit, _ in seen}
     assert units == {"round", "step"}, units

@@ -216,17 +216,14 @@ class T2SRowEngine(T2SStaticDecoder):
     def step_round(self, n_rows: int, n_steps: int) -> None:
         """n_steps `step`s: with round graphs, a round of stop_check_interval steps whose KV bucket is the same
         for all of them (the first step's is the last's) is one replay of the round's graph; else step by step."""
-        busy = [rec for r, rec in self._rows.items() if r < n_rows]
-        bucket = self._bucket(busy, 0)
-        if (
-            self.rounds is not None
-            and n_steps == self.stop_check_interval
-            and self._bucket(busy, n_steps - 1) == bucket
-        ):
-            self.rounds.run((n_rows, bucket))
-            for rec in busy:
-                rec.n_stepped += n_steps
-            return
+        if self.rounds is not None and n_steps == self.stop_check_interval:
+            busy = [rec for r, rec in self._rows.items() if r < n_rows]
+            bucket = self._bucket(busy, 0)
+            if self._bucket(busy, n_steps - 1) == bucket:
+                self.rounds.run((n_rows, bucket))
+                for rec in busy:
+                    rec.n_stepped += n_steps
+                return
         for _ in range(n_steps):
             self.step(n_rows)
 
