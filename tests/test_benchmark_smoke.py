@@ -39,3 +39,25 @@ def test_launch_floor_probe_chains_dependent_kernels():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cpu smoke: ok" in proc.stdout
+
+
+def test_t2s_batch_bench_reads_every_level(tmp_path):
+    """The engine bench on tiny fp32 weights, round graphs on: every level's streams keep their tokens
+    (greedy against eager, sampled against alone), and the breakdown's phases add up to the timed run."""
+    out = tmp_path / "batch.json"
+    args = ["--device", "cpu", "--size", "tiny", "--dtype", "float32", "--levels", "1,3", "--n-tokens", "20",
+            "--reps", "1", "--round-graphs", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run([sys.executable, "t2s_batch_bench.py", *args], cwd=BENCH, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DIVERGED" not in proc.stdout
+    levels = json.loads(out.read_text())["levels"]
+    assert [r["n_streams"] for r in levels] == [1, 3]
+    for row in levels:
+        assert row["tokens"] == 20 * row["n_streams"]
+        assert all(x.get("passes_margin_rule", x.get("identical")) for x in row["identity"])
+        b = row["breakdown"]
+        phased = b["admission"]["s"] + b["steady"]["s"] + b["tail"]["s"]
+        assert 0 < phased <= row["wall_s"] + 1e-9
+        assert b["admission"]["steps"] + b["steady"]["steps"] + b["tail"]["steps"] <= row["n_steps"]
+        assert b["replay"]["steps"] == 19
