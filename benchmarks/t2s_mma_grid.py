@@ -29,6 +29,10 @@ MMA_GRID = {
     "attn_block": (128, 256),
     "block_k": (128, 256),
     "block_n": (32, 64),
+    # rows per GEMM program and the GEMMs' warps (session 29: every earlier grid kept 16 rows and 4 warps); 64
+    # rows leave one row group at 64 rows (groups are whole row blocks)
+    "block_m": (16, 32, 64),
+    "gemm_warps": (4, 8),
     "ffn_block": (64, 128),
     "gemm_stages": (2, 3),
     "out_splits": (1, 2, 4),  # unused with attn_out
