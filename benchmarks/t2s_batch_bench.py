@@ -205,13 +205,22 @@ def timeline(engine: T2SRowEngine, requests: list[T2SRequest], poll_lag: int, n_
     return loop_against_replay(loop, replay)
 
 
-def identity(tokens: torch.Tensor, eager_ref, alone: torch.Tensor | None) -> dict:
-    """Greedy: against eager under the margin rule; sampled: against the stream run alone."""
+def first_divergence(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    x, y = a.tolist(), b.tolist()
+    return next(
+        (i for i in range(min(len(x), len(y))) if x[i] != y[i]),
+        None if len(x) == len(y) else min(len(x), len(y)),
+    )
+
+
+def identity(tokens: torch.Tensor, eager_ref, alone: torch.Tensor) -> dict:
+    """Greedy: against eager under the margin rule; sampled: against the stream run alone. Every stream is
+    also compared with itself run alone on this engine (batch invariance: bitwise, no margin)."""
+    first = first_divergence(alone, tokens)
+    out = {"against_alone_identical": first is None, "against_alone_first_divergence": first}
     if eager_ref is not None:
-        return {"against": "eager", **compare(eager_ref, tokens)}
-    a, b = alone.tolist(), tokens.tolist()
-    first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
-    return {"against": "alone", "identical": a == b, "first_divergence": first}
+        return {"against": "eager", **compare(eager_ref, tokens), **out}
+    return {"against": "alone", "identical": first is None, "first_divergence": first, **out}
 
 
 def main() -> None:

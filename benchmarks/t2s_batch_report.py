@@ -67,12 +67,14 @@ def print_report(rows: list[dict], capture_s: float, n_graphs: int) -> None:
     )
     for r in rows:
         ok = all(x.get("passes_margin_rule", x.get("identical")) for x in r["identity"])
+        alone = all(x["against_alone_identical"] for x in r["identity"])
         print(
             f"{r['n_streams']:7d} {r['wall_s']:8.3f} {r['tokens_per_s']:9.0f} {r['per_stream_tokens_per_s']:12.0f}"
             f" {r['first_token_s']['p50']:8.3f} {r['first_token_s']['p95']:8.3f}  {'ok' if ok else 'DIVERGED'}"
+            f"{'' if alone else ', NOT THE SAME ALONE'}"
         )
         for i, x in enumerate(r["identity"]):
-            if not x.get("identical"):
+            if not (x.get("identical") and x["against_alone_identical"]):
                 print(f"        stream {i}: {x}")
     print(
         f"\n{'streams':>7} {'admit_s':>8} {'adm_phase':>9} {'steady_us':>9} {'steady_tok/s':>12} {'tail_s':>7}"

@@ -56,6 +56,7 @@ def test_t2s_batch_bench_reads_every_level(tmp_path):
     for row in levels:
         assert row["tokens"] == 20 * row["n_streams"]
         assert all(x.get("passes_margin_rule", x.get("identical")) for x in row["identity"])
+        assert all(x["against_alone_identical"] for x in row["identity"])  # fp32 on the CPU: bitwise
         b = row["breakdown"]
         phased = b["admission"]["s"] + b["steady"]["s"] + b["tail"]["s"]
         assert 0 < phased <= row["wall_s"] + 1e-9
