@@ -120,6 +120,8 @@ class MmaConfig:
 # cooperative persistent kernel 1,240 -> 1,288 us (t2s_rows_probe_h100_9ebd213_chain.json; a grid barrier costs
 # about a kernel boundary, launch_floor_h100_9ebd213.json), attention programs of two rows sharing W_o's reads
 # 1,240 -> 1,362 us (t2s_rows_probe_h100_2cbb388_attn_pair.json).
+# Session 29 (H100, t2s_rows_probe_h100_ce52759_block_m.json): block_m 32 / 64 bit-equal on sm_90 but slower
+# (1,261 -> 1,259-1,335 / 1,649 us at 64 rows, KV 480; 1,385 -> 1,442-1,564 / 1,899 at 730).
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
