@@ -124,6 +124,9 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
         --out "$OUT/t2s_batch_triton_h200_steps.json"
       step t2s-batch-rounds 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
         --round-graphs --out "$OUT/t2s_batch_triton_h200_rounds.json" ;;
+    # session 29: one level run twice and its first streams alone, their KV caches compared bit for bit (where a
+    # stream's numbers first differ: prefill or which step, which layer)
+    repeat) step t2s-repeat 200 python3 benchmarks/t2s_repeat_probe.py --level 64 --out "$OUT/t2s_repeat_probe_h200.json" ;;
     batchtriton) step t2s-batch-triton 200 python3 benchmarks/t2s_batch_bench.py --kernels triton --reps 3 \
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA

@@ -62,3 +62,22 @@ def test_t2s_batch_bench_reads_every_level(tmp_path):
         assert 0 < phased <= row["wall_s"] + 1e-9
         assert b["admission"]["steps"] + b["steady"]["steps"] + b["tail"]["steps"] <= row["n_steps"]
         assert b["replay"]["steps"] == 19
+
+
+def test_t2s_repeat_probe_finds_where_two_runs_first_differ(tmp_path):
+    """The level run twice is bitwise the same on the CPU; alone against among others, the PyTorch step (not
+    batch-invariant) first differs at the first decode step's slot, never in the prompt's (one prefill row count)."""
+    out = tmp_path / "repeat.json"
+    args = ["--device", "cpu", "--size", "tiny", "--dtype", "float32", "--level", "3", "--n-tokens", "12",
+            "--kernels", "native", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run([sys.executable, "t2s_repeat_probe.py", *args], cwd=BENCH, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    streams = json.loads(out.read_text())["streams"]
+    assert [s["stream"] for s in streams] == [0, 1, 2]
+    for s in streams:
+        assert s["batch_b"] == {"tokens_first_divergence": None, "equal": True}
+        alone = s["alone"]
+        assert not alone["equal"] and not alone["in_prefill"]
+        assert alone["slot"] == s["n_prompt"] + alone["step"] and alone["step"] >= 0
+        assert 0 < alone["max_abs_diff"] < 1e-3
