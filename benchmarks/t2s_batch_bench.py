@@ -6,8 +6,8 @@ of 80 phonemes + 150 semantic tokens, N decoded tokens with EOS suppressed, fp16
 full) over batch buckets 1..128 and KV buckets. Per level L, L streams are submitted at once
 (closed loop) to one ContinuousScheduler; aggregate tokens/s = all streams' tokens / wall time from
 the first submit to the last result; first-token latency per stream (granularity: the stop check).
-Streams 0 and 1 are greedy, the others sampled (top_k 5, temperature 0.6, seed = stream index,
-per-row random streams).
+Streams 0 and 1 are greedy (top_k 1; seed = stream index, for exact ties at the top), the others
+sampled (top_k 5, temperature 0.6, seed = stream index, per-row random streams).
 
 Exactness at every level, for the first CHECKED streams: greedy streams against the eager reference
 (`decode.decode`) under the margin rule of t2s_decode_bench (a divergence passes only where eager's
@@ -71,7 +71,9 @@ KV_BUCKETS = (256, 384, 512, 768, 1024)
 
 def stream_request(config, i: int, n_tokens: int) -> T2SRequest:
     if i < 2:
-        params = T2SSamplingParams.greedy(force_n_tokens=n_tokens)
+        # top_k 1 keeps every token tied at the top (as upstream's pivot does) and the race picks among them:
+        # a fixed seed makes that pick the same alone and among others (seed None draws a fresh one per run)
+        params = T2SSamplingParams.greedy(seed=i, force_n_tokens=n_tokens)
     else:
         params = T2SSamplingParams(seed=i, top_k=5, top_p=1.0, temperature=0.6, force_n_tokens=n_tokens)
     return T2SRequest(*random_prompt(config, N_PHONES, N_PROMPT, seed=1000 + i), params)
