@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 from kernel_timeline import loop_against_replay, traced
 from t2s_batch_report import breakdown, print_report
-from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, meta, timed
+from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, first_divergence, meta, timed
 from t2s_layer_bench import parse_change
 
 from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
@@ -205,14 +205,6 @@ def timeline(engine: T2SRowEngine, requests: list[T2SRequest], poll_lag: int, n_
     _, loop = traced(lambda: run_level(engine, requests, poll_lag))
     _, replay = traced(lambda: replay_only(engine, requests, n_replayed))
     return loop_against_replay(loop, replay)
-
-
-def first_divergence(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    x, y = a.tolist(), b.tolist()
-    return next(
-        (i for i in range(min(len(x), len(y))) if x[i] != y[i]),
-        None if len(x) == len(y) else min(len(x), len(y)),
-    )
 
 
 def identity(tokens: torch.Tensor, eager_ref, alone: torch.Tensor) -> dict:

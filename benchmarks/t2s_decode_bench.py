@@ -74,14 +74,23 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+def first_divergence(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The first index where two token sequences differ (the shorter one's length where one stopped early,
+    at EOS, while the other went on); None where they are the same."""
+    x, y = a.tolist(), b.tolist()
+    n = min(len(x), len(y))
+    first = next((i for i in range(n) if x[i] != y[i]), None)
+    return n if first is None and len(x) != len(y) else first
+
+
 def compare(ref: DecodeResult, got: torch.Tensor) -> dict:
     """First token where `got` leaves eager's `ref`, and eager's decision margin at that step."""
-    a, b = ref.tokens.tolist(), got.tolist()
-    n = min(len(a), len(b))
-    first = next((i for i in range(n) if a[i] != b[i]), None)
-    if first is None and len(a) != len(b):
-        first = n  # one path stopped (EOS) where the other went on
-    out = {"identical": a == b, "lengths": [len(a), len(b)], "first_divergence": first}
+    first = first_divergence(ref.tokens, got)
+    out = {
+        "identical": first is None,
+        "lengths": [ref.tokens.numel(), got.numel()],
+        "first_divergence": first,
+    }
     if first is None:
         return {**out, "passes_margin_rule": True}
     # a capped decode keeps upstream's y[-idx:], dropping the first step's token

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-from t2s_batch_bench import KV_BUCKETS, first_divergence, run_level, step_kernels, stream_request
-from t2s_decode_bench import meta, timed
+from t2s_batch_bench import KV_BUCKETS, run_level, step_kernels, stream_request
+from t2s_decode_bench import first_divergence, meta, timed
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint
@@ -54,7 +54,7 @@ def kept_run(engine: T2SRowEngine, requests: list[T2SRequest], checked: int) -> 
 
 def first_difference(a: tuple, b: tuple, n_slots: int, n_prompt: int) -> dict:
     """The first slot below n_slots where the two caches differ, the lowest layer differing there and the
-    largest difference at that slot; None where they are bitwise equal."""
+    largest difference at that slot; {"equal": True} where they are bitwise equal."""
     differs = [(x[..., :n_slots, :] != y[..., :n_slots, :]) for x, y in zip(a, b)]  # [L, H, S, Dh] each
     by_slot = (differs[0] | differs[1]).any(dim=3).any(dim=1)  # [L, S]
     slots = by_slot.any(dim=0).nonzero()
@@ -101,14 +101,13 @@ def main() -> None:
     requests = [stream_request(config, i, args.n_tokens) for i in range(args.level)]
     checked = min(args.checked, args.level)
     runs = {"batch_a": kept_run(engine, requests, checked), "batch_b": kept_run(engine, requests, checked)}
-    alone = [kept_run(engine, [r], 1) for r in requests[:checked]]
-    runs["alone"] = ([t for ts, _ in alone for t in ts], [c for _, cs in alone for c in cs])
+    alone = [kept_run(engine, [r], 1) for r in requests[:checked]]  # ([tokens], [cache]) each
+    runs["alone"] = ([tokens[0] for tokens, _ in alone], [caches[0] for _, caches in alone])
     streams = []
     for i, req in enumerate(requests[:checked]):
         n_prompt = req.phone_ids.shape[0] + req.prompt_tokens.shape[0]
-        n_slots = (
-            n_prompt + int(runs["batch_a"][0][i].numel()) - 1
-        )  # written slots (the last token's are not)
+        # the slots written: the prompt's, then one a token but the last
+        n_slots = n_prompt + int(runs["batch_a"][0][i].numel()) - 1
         row = {"stream": i, "greedy": i < 2, "n_prompt": n_prompt}
         for name in ("batch_b", "alone"):
             tokens, caches = runs[name]
