@@ -33,75 +33,37 @@ interpreter, with empty Triton/Inductor/CUDA caches (fresh temp dirs), then agai
 from __future__ import annotations
 
 import argparse
-import contextlib
-import cProfile
 import gc
 import json
 import os
 import platform
-import pstats
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
-import numpy as np
-import soundfile as sf
 import torch
 from bench_meta import tree_commit
+from e2e_measure import (
+    FAST,
+    MIN_TOKENS,
+    PRESET,
+    PROMPT_TEXT,
+    SEED,
+    TEXTS,
+    TOKENS_PER_CHAR,
+    first_audio,
+    first_chunk_stages,
+    load_profile,
+    memory,
+    n_tokens,
+    write_reference,
+)
+from e2e_report import derived, table
+from e2e_startup import KINDS, child, startup
 
-TEXTS = {
-    "short": "This is a short test sentence.",
-    "medium": "The quick brown fox jumps over the lazy dog and then it runs far away into the quiet green forest.",
-    "long": (
-        "When the morning train finally pulled into the old station the passengers gathered their bags "
-        "and stepped out onto the cold platform where a small crowd of friends and families had been "
-        "waiting for more than an hour to welcome them home after the long journey across the mountains."
-    ),
-}
-TOKENS_PER_CHAR = 1.5  # 25 semantic tokens/s over ~17 characters/s of read English
-MIN_TOKENS = 30  # >= 1.2 s of audio: the first chunk must carry >= 0.25 s
-# The issue-4 fast workload: the `fast` preset (speed 1.3, 4 CFM steps, temperature 0.6) with top_k 5
-# (the issue's value; the preset itself says 3), punctuation cut.
-PRESET = "fast"
-FAST = dict(how_to_cut="punctuation", sample_steps=4, top_k=5, top_p=1.0, temperature=0.6)
-SEED = 1234
-PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 # graph presets; triton = full + Triton kernels, triton_minimal = minimal + Triton kernels
 PROFILES = ("off", "full", "minimal", "lazy", "triton", "triton_minimal")
-TRITON_PRESETS = {"triton": "full", "triton_minimal": "minimal"}
-KINDS = ("cold", "warm", "warm_profiled", "warm_shared")  # see `startup`
-PROFILE_TOP = 45  # functions kept per ordering in a warm_profiled child's `load_profile`
-CACHE_VARS = (
-    "TRITON_CACHE_DIR",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "CUDA_CACHE_PATH",
-    "VOICEHUB_CACHE",
-)  # cold: all empty
-
-
-def n_tokens(text: str) -> int:
-    return max(MIN_TOKENS, round(TOKENS_PER_CHAR * len(text)))
-
-
-def write_reference(
-    path: Path, seconds: float = 5.0, sample_rate: int = 24000, pitch_hz: float = 130.0
-) -> Path:
-    """A speech-like stand-in for a reference clip (no phonemizer on the GPU machine): 8 harmonics
-    of a pitch gliding around pitch_hz, gated into ~4 syllables/s with two pauses; peak 0.5.
-    The same kind of signal as tests/gpt_sovits_fixtures.write_synthetic_voice."""
-    t = np.arange(int(round(seconds * sample_rate))) / sample_rate
-    f0 = pitch_hz + 30 * np.sin(2 * np.pi * 0.35 * t) + 15 * np.sin(2 * np.pi * 1.7 * t + 1.0)  # Hz
-    phase = 2 * np.pi * np.cumsum(f0) / sample_rate
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
-    syllables = np.clip(np.sin(2 * np.pi * 4.1 * t) + 0.3, 0.0, None) ** 0.7
-    pauses = (np.abs(t - 1.6) > 0.15) & (np.abs(t - 3.4) > 0.2)
-    audio = voiced * syllables * pauses * np.minimum(1.0, np.minimum(t, seconds - t) / 0.05)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(path, (0.5 * audio / np.abs(audio).max()).astype(np.float32), sample_rate)
-    return path
 
 
 def ensure_set(set_dir: Path, size: str) -> tuple[Path, float]:
@@ -113,66 +75,6 @@ def ensure_set(set_dir: Path, size: str) -> tuple[Path, float]:
         make_checkpoint_set(set_dir, size, seed=0, margin_tokens=0)
         (set_dir / ".complete").touch()
     return set_dir, time.perf_counter() - t0
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def load_profile(set_dir: Path, device: str, dtype: str, profile: str, strict: bool = True, voice=None):
-    """Load the set as `profile` (voice: its default_voice, warmed up at load); returns (model,
-    optimization manifest or None). triton applies its kernels at load (from_pretrained's
-    optimization_config); strict=False: if they cannot apply, the graphs-only model is loaded instead and
-    the error is put in the manifest."""
-    from voicehub import AutoModelForTextToSpeech
-    from voicehub.models.gpt_sovits.model import MODEL_TYPE
-    from voicehub.optimization.config import TTSOptimizationConfig
-
-    # No CUDA graphs off CUDA: there `full` and `triton` load eagerly (and triton then says why it cannot run).
-    preset = TRITON_PRESETS.get(profile, profile)
-    preset = preset if device.startswith("cuda") else "off"
-    kw = dict(
-        model_type=MODEL_TYPE, device=device, dtype=dtype, cuda_graph_preset=preset, default_voice=voice
-    )
-    if profile not in TRITON_PRESETS:
-        model = AutoModelForTextToSpeech.from_pretrained(set_dir, **kw)
-        sync(device)
-        return model, None
-    # The kernels are chosen at load, as a user would: applied before the graphs are captured and warmed up.
-    # compile off: auto turns it on for sm_90 since session 21 (~24 s at load); these profiles are Triton alone
-    config = TTSOptimizationConfig(kernel_backend="triton", compile="disabled")
-    try:
-        model = AutoModelForTextToSpeech.from_pretrained(set_dir, optimization_config=config, **kw)
-        manifest = model.optimization_result.to_dict()
-    except Exception as err:
-        if strict:
-            raise
-        model = AutoModelForTextToSpeech.from_pretrained(set_dir, **kw)
-        manifest = {"error": repr(err), "fallback": "full (graphs only)"}
-    sync(device)
-    return model, manifest
-
-
-def first_audio(model, voice, text: str, device: str, window: int | None = None) -> dict:
-    """Ms from calling `model.stream` to its first AudioChunk, and that chunk's audio seconds.
-
-    window: `stream_chunk_tokens` (None: one chunk per sentence, the reference path)."""
-    sync(device)
-    t0 = time.perf_counter()
-    chunks = model.stream(
-        text,
-        voice=voice,
-        seed=SEED,
-        preset=PRESET,
-        force_n_tokens=n_tokens(text),
-        stream_chunk_tokens=window,
-        **FAST,
-    )
-    chunk = next(iter(chunks))
-    t_first = time.perf_counter() - t0
-    chunks.close()
-    return {"first_audio_ms": t_first * 1e3, "chunk_audio_s": len(chunk.audio) / chunk.sample_rate}
 
 
 def text_stats(model, voice, text: str, window: int | None, args) -> dict:
@@ -192,103 +94,8 @@ def text_stats(model, voice, text: str, window: int | None, args) -> dict:
     }
 
 
-def first_chunk_stages(model, voice, text: str, device: str, window: int) -> dict:
-    """Where the first chunk's time goes: one extra request (not among the timed ones) with a device
-    sync around each stage of the streamed chain. Ms from the request to the first SoVITS encoder call
-    (`t2s_and_text_ms`: text frontend, reference lookup, T2S prefill and the first window's tokens), split
-    into the text frontend (`text_ms`: g2p and BERT of the sentences read before the first chunk), the T2S
-    prefill (`prefill_ms`: the graph decoder's row load, or the eager `encode_prompt`), the first window's
-    decode steps (`first_window_ms`: from the prefill's end to the first encoder call) and the rest
-    (`t2s_other_ms`: reference lookup, request assembly); then the first chunk's SoVITS encoder, CFM and
-    vocoder calls (graph replays where the model has acoustic graphs), and the rest (joins, copies,
-    Python). The syncs add a little: `first_audio_ms` here is not the timed figure."""
-    from voicehub.models.gpt_sovits import streaming
-
-    pipe = model.pipeline
-    graphs = pipe.acoustic_graphs
-    decoder = pipe.t2s_decoder
-    spans: dict[str, float] = {"encoder": 0.0, "cfm": 0.0, "vocoder": 0.0, "text": 0.0, "prefill": 0.0}
-    starts: list[float] = []  # acoustic stages' start times
-    prefill_ends: list[float] = []
-
-    def timed(name: str, fn):
-        def wrapper(*args, **kwargs):
-            sync(device)
-            t = time.perf_counter()
-            if name not in ("text", "prefill"):
-                starts.append(t)
-            out = fn(*args, **kwargs)
-            sync(device)
-            end = time.perf_counter()
-            spans[name] += end - t
-            if name == "prefill":
-                prefill_ends.append(end)
-            return out
-
-        return wrapper
-
-    # Instance attributes shadow the methods; the eager path reads streaming's module-level solve/vocode.
-    owner = graphs if graphs is not None else streaming
-    vocode_name = "vocode_mel" if graphs is not None else "vocode"  # what the streamed path vocodes with
-    saved = {"solve": owner.solve, "vocode": getattr(owner, vocode_name)}
-    pipe.sovits.decode_encp = timed("encoder", pipe.sovits.decode_encp)
-    if graphs is not None:  # the streamed path encodes through the graphs (encoder_graphs.py)
-        graphs.encode = timed("encoder", graphs.encode)
-    owner.solve = timed("cfm", saved["solve"])
-    setattr(owner, vocode_name, timed("vocoder", saved["vocode"]))
-    pipe.text_features = timed("text", pipe.text_features)
-    if decoder is not None:  # decode_iter loads the row through the instance attribute
-        decoder._load_row = timed("prefill", decoder._load_row)
-    else:  # the eager step-wise decode prefills through streaming's encode_prompt
-        saved["encode_prompt"] = streaming.encode_prompt
-        streaming.encode_prompt = timed("prefill", saved["encode_prompt"])
-    try:
-        sync(device)
-        t0 = time.perf_counter()
-        chunks = model.stream(text, voice=voice, seed=SEED, preset=PRESET, force_n_tokens=n_tokens(text),
-                              stream_chunk_tokens=window, **FAST)  # fmt: skip
-        next(iter(chunks))
-        total = time.perf_counter() - t0
-        chunks.close()
-    finally:
-        del pipe.sovits.decode_encp, pipe.text_features
-        if decoder is not None:
-            del decoder._load_row
-        else:
-            streaming.encode_prompt = saved["encode_prompt"]
-        if graphs is not None:
-            del graphs.solve, graphs.vocode_mel, graphs.encode
-        else:
-            streaming.solve, streaming.vocode = saved["solve"], saved["vocode"]
-    ms = {k: v * 1e3 for k, v in spans.items()}
-    to_encoder = (starts[0] - t0) * 1e3 if starts else float("nan")
-    first_window = (starts[0] - prefill_ends[0]) * 1e3 if starts and prefill_ends else float("nan")
-    return {
-        "first_audio_ms": total * 1e3,
-        "t2s_and_text_ms": to_encoder,
-        "text_ms": ms["text"],
-        "prefill_ms": ms["prefill"],
-        "first_window_ms": first_window,
-        "t2s_other_ms": to_encoder - ms["text"] - ms["prefill"] - first_window,
-        "encoder_ms": ms["encoder"],
-        "cfm_ms": ms["cfm"],
-        "vocoder_ms": ms["vocoder"],
-        "other_ms": total * 1e3 - to_encoder - ms["encoder"] - ms["cfm"] - ms["vocoder"],
-        "acoustic_graphs": graphs is not None,
-    }
-
-
 def window_name(window: int | None) -> str:
     return "sentence" if window is None else f"window{window}"
-
-
-def memory(device: str) -> dict:
-    if not device.startswith("cuda"):
-        return {}
-    return {
-        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-    }
 
 
 def run_profile(profile: str, set_dir: Path, voices: tuple, args) -> dict:
@@ -341,121 +148,6 @@ def run_profile(profile: str, set_dir: Path, voices: tuple, args) -> dict:
     return row
 
 
-def profile_top(profiler: cProfile.Profile) -> dict:
-    """The load's profile: the PROFILE_TOP functions by cumulative and by own time, each [file:line(function),
-    calls, own s, cumulative s]. On Python 3.12 cProfile sees every thread (the text thread's work too); it
-    slows Python-heavy code: read it as shares."""
-    stats = pstats.Stats(profiler)
-    rows = [
-        (f"{Path(f).name}:{line}({name})", calls, own, cum)
-        for (f, line, name), (_, calls, own, cum, _) in stats.stats.items()  # type: ignore[attr-defined]
-    ]
-    rounded = lambda r: [r[0], r[1], round(r[2], 4), round(r[3], 4)]  # noqa: E731
-    return {
-        "by_cumulative": [rounded(r) for r in sorted(rows, key=lambda r: -r[3])[:PROFILE_TOP]],
-        "by_own": [rounded(r) for r in sorted(rows, key=lambda r: -r[2])[:PROFILE_TOP]],
-    }
-
-
-def child(args) -> None:
-    """The subprocess: load the set, stream the first chunk, print wall-clock stamps as one JSON line."""
-    stamps = {"child_main": time.time()}
-    from voicehub.models.gpt_sovits import Voice
-
-    stamps["imported"] = time.time()
-    # The voice is the model's default voice, warmed up at load, as a server configures it.
-    voice = Voice(args.reference, PROMPT_TEXT, "en")
-    profiler = cProfile.Profile() if args.profile_load else None
-    with profiler or contextlib.nullcontext():
-        model, manifest = load_profile(
-            args.set_dir, args.device, args.dtype, args.child, strict=False, voice=voice
-        )
-    row: dict = {"optimization_error": manifest.get("error")} if manifest else {}
-    stamps["loaded"] = time.time()
-    if profiler is not None:
-        row["load_profile"] = profile_top(profiler)
-    row["warm_up"] = getattr(model, "warm_up_info", None)
-    row.update(first_audio(model, voice, TEXTS["short"], args.device, args.stream_window))
-    stamps["first_audio"] = time.time()
-    # The same request again (after the stamps): the first request's cost over a warm one in a fresh
-    # process (first execution of Python paths, GPU clocks after a CPU-bound load), and where it goes.
-    row["second_request"] = first_audio(model, voice, TEXTS["short"], args.device, args.stream_window)
-    if args.stream_window is not None:
-        try:
-            row["third_request_stages"] = first_chunk_stages(
-                model, voice, TEXTS["short"], args.device, args.stream_window
-            )
-        except Exception:
-            row["third_request_stages"] = {"error": traceback.format_exc(limit=4)}
-    row.update(stamps=stamps, memory=memory(args.device))
-    print("CHILD " + json.dumps(row), flush=True)
-
-
-def startup(profile: str, set_dir: Path, reference: Path, args) -> dict:
-    """Process start to first audio in fresh interpreters: empty kernel caches (cold), then the same caches
-    (warm); with --startup-kinds warm_shared only, one child on this process's own on-disk caches, which
-    the in-process profiles before it filled (warm without a cold run first)."""
-    caches = Path(tempfile.mkdtemp(prefix="e2e_caches_"))
-    shared = args.startup_kinds == ("warm_shared",)
-    env = dict(os.environ) if shared else dict(os.environ, **{v: str(caches / v.lower()) for v in CACHE_VARS})
-    cmd = [sys.executable, __file__, "--child", profile, "--set-dir", str(set_dir), "--reference", str(reference),
-           "--device", args.device, "--dtype", args.dtype, "--windows", args.windows_arg]  # fmt: skip
-    result: dict = {"profile": profile, "caches": {v: env.get(v, "default") for v in CACHE_VARS}}
-    for kind in args.startup_kinds:
-        try:
-            t0 = time.time()
-            extra = ["--profile-load"] if kind == "warm_profiled" else []
-            proc = subprocess.run(
-                cmd + extra, env=env, capture_output=True, text=True, timeout=args.child_timeout
-            )
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("CHILD ")]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"child exit {proc.returncode}: {proc.stderr[-2000:]}")
-            row = json.loads(lines[-1][len("CHILD ") :])
-            s = row.pop("stamps")
-            row["process_start_to_first_audio_s"] = s["first_audio"] - t0
-            row["breakdown_s"] = {
-                "interpreter_and_torch_import": s["child_main"] - t0,
-                "voicehub_import": s["imported"] - s["child_main"],
-                "load_and_capture": s["loaded"] - s["imported"],
-                "first_request": s["first_audio"] - s["loaded"],
-            }
-            result[kind] = row
-        except Exception as err:
-            print(f"startup {kind} failed: {err!r}", flush=True)
-            result[kind] = {"error": traceback.format_exc(limit=3)}
-        print(f"startup {kind}", json.dumps(result[kind]), flush=True)
-    return result
-
-
-def derived(rows: list[dict], stream_mode: str) -> dict:
-    """Per profile: warm first audio as a ratio of the eager `off` profile's, and the penalties of the
-    first request after load, of a new voice and of a text length never seen, over the warm time of the
-    same text in the same mode (ms; the first two in `stream_mode`)."""
-    ok = {r["profile"]: r for r in rows if "error" not in r}
-    out: dict = {}
-    for name, row in ok.items():
-        modes = row["first_audio"]
-        warm_short = modes[stream_mode]["short"]["median_ms"]
-        entry = {
-            "first_request_penalty_ms": row["first_request"]["first_audio_ms"] - warm_short,
-            "new_voice_penalty_ms": row["first_request_new_voice"]["first_audio_ms"] - warm_short,
-            "new_length_penalty_ms": {
-                m: {t: v["first_run_ms"] - v["median_ms"] for t, v in texts.items()}
-                for m, texts in modes.items()
-            },
-        }
-        if "off" in ok and name != "off":
-            eager = ok["off"]["first_audio"]
-            entry["speedup_vs_off"] = {
-                m: {t: eager[m][t]["median_ms"] / v["median_ms"] for t, v in texts.items()}
-                for m, texts in modes.items()
-                if m in eager
-            }
-        out[name] = entry
-    return out
-
-
 def meta(args, set_seconds: float) -> dict:
     try:
         import triton
@@ -488,60 +180,6 @@ def meta(args, set_seconds: float) -> dict:
                  "reference (another pitch), never seen",
         "command": " ".join(["python", *sys.argv]),
     }  # fmt: skip
-
-
-def profile_lines(row: dict) -> list[str]:
-    """Table rows of one profile: one per streaming mode."""
-    if "error" in row:
-        return [f"{row['profile']:8} error: {row['error'].strip().splitlines()[-1]}"]
-    nan = float("nan")
-    mem, loaded = row.get("memory") or {}, row.get("memory_after_load") or {}
-    peak = " ".join(
-        f"{m.get(k, nan):8.2f}" for m in (loaded, mem) for k in ("peak_allocated_gib", "peak_reserved_gib")
-    )
-    first = f"{row['first_request']['first_audio_ms']:9.1f} {row['first_request_new_voice']['first_audio_ms']:9.1f}"
-    lines = []
-    for mode, texts in row["first_audio"].items():
-        ms = " ".join(f"{texts[n]['median_ms']:9.1f}" for n in TEXTS)
-        lines.append(f"{row['profile']:8} {mode:9} {row['load_s']:6.1f} {first} {ms} {peak}")
-    stages = row.get("first_chunk_stages") or {}
-    if "first_audio_ms" in stages:
-        parts = " ".join(f"{k.removesuffix('_ms')} {stages[k]:.1f}" for k in
-                         ("t2s_and_text_ms", "encoder_ms", "cfm_ms", "vocoder_ms", "other_ms"))  # fmt: skip
-        t2s = " ".join(f"{k.removesuffix('_ms')} {stages.get(k, nan):.1f}" for k in
-                       ("text_ms", "prefill_ms", "first_window_ms", "t2s_other_ms"))  # fmt: skip
-        lines.append(
-            f"{'':8} first chunk, short, synced stages (ms): {parts}; total {stages['first_audio_ms']:.1f}"
-        )
-        lines.append(f"{'':8}   of which t2s_and_text (ms): {t2s}")
-    return lines
-
-
-def table(result: dict) -> str:
-    head = " ".join(f"{n + ' ms':>9}" for n in TEXTS)
-    lines = [
-        "first audio, warm median ms per text; 1st req: the first request after load (voice warmed up at load), "
-        "new voice: a voice never seen; GiB: peak allocated/reserved after load, then over the profile",
-        f"{'profile':8} {'stream':9} {'load s':>6} {'1st req':>9} {'new voice':>9} {head} "
-        f"{'load GiB':>8} {'load rsv':>8} {'peak GiB':>8} {'peak rsv':>8}",
-    ]
-    for row in result["profiles"]:
-        lines += profile_lines(row)
-    runs = [(start, kind) for start in result.get("startups") or () for kind in start if kind in KINDS]
-    for st, kind in runs:
-        row = st.get(kind) or {}
-        value = row.get("process_start_to_first_audio_s")
-        parts = " ".join(f"{k} {v:.2f}" for k, v in (row.get("breakdown_s") or {}).items())
-        lines.append(f"process start to first audio ({st.get('profile')}, {kind} caches): "
-                     + (f"{value:.2f} s ({parts})" if value is not None else "error"))  # fmt: skip
-        if "second_request" in row:
-            stages = row.get("third_request_stages") or {}
-            split = " ".join(
-                f"{k.removesuffix('_ms')} {v:.1f}" for k, v in stages.items() if k.endswith("_ms")
-            )
-            lines.append(f"{'':8} first request {row.get('first_audio_ms', float('nan')):.1f} ms, second "
-                         f"{row['second_request']['first_audio_ms']:.1f} ms; third, synced: {split}")  # fmt: skip
-    return "\n".join(lines)
 
 
 def main() -> None:
