@@ -45,7 +45,6 @@ import time
 import traceback
 from pathlib import Path
 
-from optimization_evidence_gpt import _token_check as _token_check  # the margin rule's tests read it here
 from optimization_evidence_gpt import gpt_bench, gpt_compile_evidence, gpt_evidence
 from optimization_evidence_record import MARGIN_EPSILON, ROOT, SEED, median_s, rel_l2, sha256, write_evidence
 

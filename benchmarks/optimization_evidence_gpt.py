@@ -10,7 +10,8 @@ import traceback
 from pathlib import Path
 
 import torch
-from optimization_evidence_record import MARGIN_EPSILON, ROOT, SEED, median_s, rel_l2, sha256, write_evidence
+from e2e_measure import PROMPT_TEXT, write_reference
+from optimization_evidence_record import MARGIN_EPSILON, SEED, median_s, rel_l2, sha256, write_evidence
 
 from voicehub.optimization import TTSOptimizationConfig
 from voicehub.optimization.evidence import MAX_REL_L2
@@ -21,7 +22,6 @@ GPT_TEXT = (
 )
 GPT_TOKENS = 110  # per sentence: random weights never sample EOS; 3 x 110 tokens ~ 12 s at speed 1.1
 GPT_PARAMS = {"preset": "balanced", "force_n_tokens": GPT_TOKENS, "how_to_cut": "punctuation"}
-PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 
 
 def gpt_set(args) -> Path:
@@ -42,9 +42,6 @@ def gpt_set(args) -> Path:
 
 def reference_wav(folder: Path) -> Path:
     """A speech-like stand-in for a reference clip (as e2e_bench.write_reference)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from e2e_bench import write_reference
-
     path = folder / "optimization_ref.wav"
     return path if path.exists() else write_reference(path)
 
