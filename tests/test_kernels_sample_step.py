@@ -25,9 +25,9 @@ from voicehub.models.gpt_sovits.t2s.static import (
     StaticDecodeConfig,
     StepKernels,
     T2SRequest,
-    T2SStaticDecoder,
     sample_step,
 )
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels.registry import T2S_LAYER_STACK, T2S_SAMPLE_STEP
 from voicehub.runtime.kernels.sample_step import sample_step_reference

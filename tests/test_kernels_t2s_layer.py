@@ -22,9 +22,9 @@ from voicehub.models.gpt_sovits.t2s.static import (
     StaticDecodeConfig,
     StepKernels,
     T2SRequest,
-    T2SStaticDecoder,
     forward_step,
 )
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels import t2s_layer as ref
 from voicehub.runtime.kernels.registry import T2S_LAYER_STACK

@@ -18,7 +18,8 @@ from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import StopReason, T2SSamplingParams, decode
 from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, random_prompt
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder, decode_iter
-from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest, T2SStaticDecoder
+from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, T2SRequest
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 
 ENGINE = StaticDecodeConfig(max_batch=2, max_seq_len=160, kv_buckets=(32, 64, 96), stop_check_interval=4)
 CASES = [

@@ -21,9 +21,9 @@ from voicehub.models.gpt_sovits.t2s.make_checkpoint import make_t2s_checkpoint, 
 from voicehub.models.gpt_sovits.t2s.static import (
     StaticDecodeConfig,
     T2SRequest,
-    T2SStaticDecoder,
     forward_step,
 )
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 from voicehub.runtime.kv_cache import StaticKVCache, pick_bucket
 from voicehub.runtime.sampling import SamplingBuffers, draw, filtered_probs, penalize_repeats
 

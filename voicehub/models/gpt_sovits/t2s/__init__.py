@@ -8,9 +8,9 @@ from voicehub.models.gpt_sovits.t2s.model import T2SModel
 from voicehub.models.gpt_sovits.t2s.static import (
     StaticDecodeConfig,
     T2SRequest,
-    T2SStaticDecoder,
     decode_step,
 )
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 
 __all__ = [
     "DecodeResult",

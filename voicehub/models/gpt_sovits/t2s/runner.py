@@ -30,9 +30,9 @@ from voicehub.models.gpt_sovits.t2s.static import (
     StaticDecodeConfig,
     StepKernels,
     T2SRequest,
-    T2SStaticDecoder,
     sample_step,
 )
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket
 

@@ -42,11 +42,11 @@ from voicehub.models.gpt_sovits.t2s.static import (
     StaticDecodeConfig,
     StepKernels,
     T2SRequest,
-    T2SStaticDecoder,
     decode_step,
     sample_step,
     stopped_result,
 )
+from voicehub.models.gpt_sovits.t2s.static_decoder import T2SStaticDecoder
 from voicehub.runtime.cuda_graphs import BucketedGraphRunner, GraphPreset, parse_graph_preset
 from voicehub.runtime.kv_cache import pick_bucket
 from voicehub.runtime.row_rng import row_noise, split_seed, vocab_keys
