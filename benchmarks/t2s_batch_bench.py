@@ -50,7 +50,7 @@ import torch
 from kernel_timeline import loop_against_replay, traced
 from t2s_batch_report import breakdown, print_report
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, first_divergence, meta, timed
-from t2s_layer_bench import parse_change
+from t2s_layer_measure import parse_change
 
 from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from t2s_layer_bench import SIZES, Report, bench_mma, random_inputs, reference
+from t2s_layer_measure import SIZES, bench_mma, random_inputs, reference
+from t2s_layer_report import Report
 
 # --mma-grid: a coordinate search over these values from the table's config (and from MMA_GRID_START, the
 # single changes that won in the H200 sweep, benchmarks/results/t2s_layer_sweep_h200.json). Session 13's

@@ -43,8 +43,8 @@ from kernel_timeline import REPLAYS as TIMELINE_REPLAYS
 from kernel_timeline import WARMUP as TIMELINE_WARMUP
 from kernel_timeline import graph_timeline, summary
 from t2s_batch_bench import KV_BUCKETS
-from t2s_layer_bench import SIZES, parse_change, random_inputs, time_us
-from t2s_layer_bench import meta as layer_meta
+from t2s_layer_measure import SIZES, parse_change, random_inputs, time_us
+from t2s_layer_report import meta as layer_meta
 
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mk
 from voicehub.runtime.kv_cache import pick_bucket
