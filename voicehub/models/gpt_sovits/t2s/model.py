@@ -115,7 +115,7 @@ class LayerStack(nn.Module):
 
 
 class T2SModel(nn.Module):
-    """The decoder's weights and its building blocks; see `decode.py` and `static.py` for the loops."""
+    """The decoder's weights and its building blocks; see `decode.py` and `static_decoder.py` for the loops (`static.py`: the step)."""
 
     def __init__(self, config: T2SConfig):
         super().__init__()
