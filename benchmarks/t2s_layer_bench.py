@@ -39,6 +39,7 @@ from t2s_layer_measure import (
     bench_config,
     bench_embed,
     bench_mma,
+    parse_change,
     random_embed,
     random_inputs,
     reference,
@@ -110,6 +111,10 @@ def parse_args() -> argparse.Namespace:
                    help="only the many-row stack: a coordinate search over MMA_GRID at the first --rows, "
                         "its winner checked against the table's entry at --check-rows")  # fmt: skip
     p.add_argument("--check-rows", default="16,128")
+    p.add_argument("--grid-fields", default="",
+                   help="search only these MMA_GRID fields, e.g. block_m,gemm_warps,block_n (default: all)")  # fmt: skip
+    p.add_argument("--grid-start", type=parse_change, default={},
+                   help="start the search here instead of MMA_GRID_START, e.g. block_m=32,gemm_warps=8")  # fmt: skip
     p.add_argument("--grid-budget-s", type=float, default=150.0,
                    help="no new grid config after this many seconds from the start (compiles included)")  # fmt: skip
     p.add_argument(

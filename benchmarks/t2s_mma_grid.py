@@ -1,8 +1,9 @@
 """The many-row T2S stack's block-config search, run by `t2s_layer_bench.py --mma-grid`.
 
-A coordinate search over MMA_GRID at the first --rows, from MMA_GRID_START, under a time budget: each
-config is checked against the definition (rel. L2; errors recorded), then a ranking with the best
-first, the winner's per-kernel breakdown, its check at --check-rows and the CONFIGS line that applies it.
+A coordinate search over MMA_GRID (or its --grid-fields) at the first --rows, from MMA_GRID_START (or
+--grid-start), under a time budget: each config is checked against the definition (rel. L2; errors
+recorded), then a ranking with the best first, the winner's per-kernel breakdown, its check at
+--check-rows and the CONFIGS line that applies it.
 """
 
 from __future__ import annotations
@@ -74,17 +75,19 @@ def mma_grid(mk, args, report: Report, base, dtype):
         ok = [c for c, r in timed.items() if "step_us" in r and r["rel_l2"] <= args.max_rel_l2]
         return min(ok, key=lambda c: timed[c]["step_us"]) if ok else None
 
+    grid = search_space(args.grid_fields)
+    start = args.grid_start or MMA_GRID_START
     run(base)
-    run(base, **MMA_GRID_START)
+    run(base, **start)
     winner, improved = best(), True
     while winner is not None and improved:
         improved = False
-        for field, values in MMA_GRID.items():
+        for field, values in grid.items():
             for value in values:
                 run(winner, **{field: value})
             if best() != winner:
                 winner, improved = best(), True
-    report.extra["grid"] = {"values": {k: list(v) for k, v in MMA_GRID.items()}, "start": MMA_GRID_START,
+    report.extra["grid"] = {"values": {k: list(v) for k, v in grid.items()}, "start": start,
                             "budget_s": args.grid_budget_s, "search_s": round(time.perf_counter() - t_start, 1),
                             "n_timed": len(timed)}  # fmt: skip
     if winner is None:
@@ -100,6 +103,15 @@ def mma_grid(mk, args, report: Report, base, dtype):
           f"{timed[base].get('step_us', float('nan')):.1f} us; {len(timed)} configs in "
           f"{report.extra['grid']['search_s']} s):\n  {report.extra['configs_line']}", flush=True)  # fmt: skip
     return winner
+
+
+def search_space(fields: str) -> dict:
+    """MMA_GRID, or only its comma-separated `fields` (a search around a coupled subset, e.g. the GEMMs')."""
+    names = [f for f in fields.split(",") if f]
+    unknown = [f for f in names if f not in MMA_GRID]
+    if unknown:
+        raise ValueError(f"--grid-fields {unknown} not in MMA_GRID ({', '.join(MMA_GRID)})")
+    return {f: MMA_GRID[f] for f in names} if names else MMA_GRID
 
 
 def check_winner(mk, args, report: Report, base, winner, dtype) -> None:

@@ -33,6 +33,22 @@ def test_cpu_smoke_run_measures_every_path(tmp_path):
         assert row.get("rel_l2", 0.0) < 1e-2, row
 
 
+def test_mma_grid_searches_only_the_named_fields_from_the_given_start(tmp_path):
+    out = tmp_path / "grid.json"
+    args = ["--size", "tiny", "--device", "cpu", "--rows", "2", "--length", "40", "--n-slots", "64",
+            "--max-slots", "96", "--mma-grid", "--check-rows", "", "--grid-fields", "block_m",
+            "--grid-start", "block_m=32", "--grid-budget-s", "120", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run([sys.executable, "t2s_layer_bench.py", *args], cwd=BENCH, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["grid"]["values"] == {"block_m": [16, 32, 64]}
+    assert report["grid"]["start"] == {"block_m": 32}
+    timed = [r for r in report["results"] if r["path"] == "mma_grid"]
+    assert len(timed) == 3  # the table's entry (16 rows a program), then 32 and 64: nothing else varied
+    assert all("error" not in r and r["rel_l2"] < 1e-2 for r in timed)
+
+
 def test_launch_floor_probe_chains_dependent_kernels():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "launch_floor_probe.py", "--device", "cpu"], cwd=BENCH, env=env,
