@@ -122,6 +122,8 @@ class MmaConfig:
 # 1,240 -> 1,362 us (t2s_rows_probe_h100_2cbb388_attn_pair.json).
 # Session 29 (H100, t2s_rows_probe_h100_ce52759_block_m.json): block_m 32 / 64 bit-equal on sm_90 but slower
 # (1,261 -> 1,259-1,335 / 1,649 us at 64 rows, KV 480; 1,385 -> 1,442-1,564 / 1,899 at 730).
+# Session 30 (H100, t2s_rows_probe_h100_3469411.json, 64 rows): one row group 1,242 / 1,496 us and K/V without evict_first
+# 1,370 / 1,444 against this entry's 1,237-1,251 / 1,354-1,356 at KV 480 / 730: both stay.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
