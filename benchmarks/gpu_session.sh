@@ -89,14 +89,14 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       tests/test_gpt_sovits_meta_build.py ;;
     # every GPU test of a path that captures graphs (BucketedGraphRunner), for a change to the capture itself
     graphtests) step graph-tests "${GRAPHTESTS_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_cuda_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_gpt_sovits_decoder.py \
+      tests/test_cuda_graphs.py tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_decoder.py \
       tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_gpu.py tests/test_gpt_sovits_serving_gpu.py \
       tests/test_gpt_sovits_streaming.py tests/test_t2s_prefill.py tests/test_t2s_runner.py tests/test_t2s_row_engine.py \
       tests/test_t2s_batching.py tests/test_optimization_gpt_sovits.py tests/test_gpt_sovits_meta_build.py ;;
     # session 9: masked BigVGAN window graphs (the per-sentence path, a streamed sentence's last window), their
     # GPU tests, then the per-sentence path's new-length cost in one in-process profile (no startup children)
     sentencetests) step sentence-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_gpt_sovits_sentence_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_gpt_sovits_streaming.py ;;
+      tests/test_gpt_sovits_sentence_graphs.py tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_streaming.py ;;
     sentence) step e2e-sentence "${SENTENCE_LIMIT:-300}" python3 benchmarks/e2e_bench.py --profiles triton --reps 1 \
       --windows 25,none --skip-startup --out "$OUT/e2e_sentence_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
@@ -131,7 +131,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
     acoustictests) step acoustic-tests 110 python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_gpt_sovits_acoustic_graphs.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
+      tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
     # the target level (64) and one below it, when a call has no room for every level
     streams64) step streams 170 python3 benchmarks/streams_bench.py --levels 16,64 --duration 8 --drain 8 \
       --budget-s 150 --out "$OUT/streams_h200.json" ;;
@@ -147,7 +147,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       tests/test_t2s_batching.py tests/test_t2s_prefill.py tests/test_gpt_sovits_serving_gpu.py ;;
     # the streaming path's SoVITS encoder graphs (encoder_graphs.py) and the GPU tests around them
     encodertests) step encoder-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_acoustic_graphs.py tests/test_sovits_gpu.py \
+      tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_sovits_gpu.py \
       tests/test_gpt_sovits_serving_gpu.py ;;
     # block-config sweeps: the one-row GEMV stack's at 1 row, the many-row stack's at 64 rows
     sweep) step t2s-layer-sweep "${SWEEP_LIMIT:-150}" python3 benchmarks/t2s_layer_bench.py --rows 1,64 \

@@ -1,6 +1,6 @@
 """The streaming path's SoVITS encoder graphs (encoder_graphs.py) on the tiny `make-checkpoint` set.
 
-CPU, fp32, with the stand-in runner of test_gpt_sovits_acoustic_graphs (a "replay" runs the step again
+CPU, fp32, with the stand-in runner of acoustic_graphs_fakes (a "replay" runs the step again
 into the captured outputs): a prefix padded to its (tokens, phonemes) bucket equals `decode_encp` of the
 unpadded prefix, garbage in the padding changes nothing (and widened masks would), the tensor-op speed
 resampling equals `F.interpolate`, and the cache's keys (what shares a graph, what runs eagerly, what
@@ -16,8 +16,8 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from acoustic_graphs_fakes import captured  # noqa: F401 (fixture: the stand-in runner)
 from gpt_sovits_fixtures import tiny_set  # noqa: F401 (fixture)
-from test_gpt_sovits_acoustic_graphs import captured  # noqa: F401 (fixture: the stand-in runner)
 
 from voicehub.models.gpt_sovits import load
 from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, AcousticGraphs

@@ -1,7 +1,7 @@
 """The per-sentence path with acoustic graphs: masked BigVGAN window graphs for whole mels of any length
 (vocoder_graphs.vocode_mel), the CFM chunks on the streamed path's graphs, the encoder without cuDNN.
 
-CPU: the stand-in runner of test_gpt_sovits_acoustic_graphs (a "capture" runs the step and keeps its
+CPU: the stand-in runner of acoustic_graphs_fakes (a "capture" runs the step and keeps its
 outputs, a "replay" runs it again into them). GPU tests (`-m gpu`) hold real graphs to eager vocoding.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from acoustic_graphs_fakes import CUDA, captured  # noqa: F401 (fixture: the stand-in runner)
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
-from test_gpt_sovits_acoustic_graphs import CUDA, captured  # noqa: F401 (fixture: the stand-in runner)
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs

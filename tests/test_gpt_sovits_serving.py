@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from acoustic_graphs_fakes import captured  # noqa: F401 (fixture: the stand-in graph runner)
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
-from test_gpt_sovits_acoustic_graphs import captured  # noqa: F401 (fixture: the stand-in graph runner)
 
 from voicehub.errors import InvalidTextError
 from voicehub.models.gpt_sovits import Voice, load
