@@ -124,6 +124,8 @@ class MmaConfig:
 # (1,261 -> 1,259-1,335 / 1,649 us at 64 rows, KV 480; 1,385 -> 1,442-1,564 / 1,899 at 730).
 # Session 30 (H100, t2s_rows_probe_h100_3469411.json, 64 rows): one row group 1,242 / 1,496 us and K/V without evict_first
 # 1,370 / 1,444 against this entry's 1,237-1,251 / 1,354-1,356 at KV 480 / 730: both stay.
+# gemm_stages 3 (t2s_rows_probe_h100_ee9efac_stages.json, bit-equal): 1,244-1,255 -> 1,161 us at KV 480, 1,348-1,351 ->
+# 1,375 at 730; stays 2 until the engine's A/B (t2s_batch_bench.py --mma-change gemm_stages=3) has measured it.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
