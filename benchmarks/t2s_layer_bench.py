@@ -46,7 +46,7 @@ from t2s_layer_measure import (
     time_us,
 )
 from t2s_layer_report import Report
-from t2s_mma_grid import check_winner, mma_grid
+from t2s_mma_grid import check_winner, mma_grid, search_space
 
 from voicehub.runtime.kernels import t2s_layer as ref
 
@@ -111,7 +111,7 @@ def parse_args() -> argparse.Namespace:
                    help="only the many-row stack: a coordinate search over MMA_GRID at the first --rows, "
                         "its winner checked against the table's entry at --check-rows")  # fmt: skip
     p.add_argument("--check-rows", default="16,128")
-    p.add_argument("--grid-fields", default="",
+    p.add_argument("--grid-fields", type=search_space, default="",
                    help="search only these MMA_GRID fields, e.g. block_m,gemm_warps,block_n (default: all)")  # fmt: skip
     p.add_argument("--grid-start", type=parse_change, default={},
                    help="start the search here instead of MMA_GRID_START, e.g. block_m=32,gemm_warps=8")  # fmt: skip

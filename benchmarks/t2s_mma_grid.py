@@ -8,6 +8,7 @@ recorded), then a ranking with the best first, the winner's per-kernel breakdown
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 
@@ -75,7 +76,7 @@ def mma_grid(mk, args, report: Report, base, dtype):
         ok = [c for c, r in timed.items() if "step_us" in r and r["rel_l2"] <= args.max_rel_l2]
         return min(ok, key=lambda c: timed[c]["step_us"]) if ok else None
 
-    grid = search_space(args.grid_fields)
+    grid = args.grid_fields
     start = args.grid_start or MMA_GRID_START
     run(base)
     run(base, **start)
@@ -106,11 +107,12 @@ def mma_grid(mk, args, report: Report, base, dtype):
 
 
 def search_space(fields: str) -> dict:
-    """MMA_GRID, or only its comma-separated `fields` (a search around a coupled subset, e.g. the GEMMs')."""
+    """MMA_GRID, or only its comma-separated `fields` (a search around a coupled subset, e.g. the GEMMs'): the
+    --grid-fields parser, so an unknown field fails before any model is built."""
     names = [f for f in fields.split(",") if f]
     unknown = [f for f in names if f not in MMA_GRID]
     if unknown:
-        raise ValueError(f"--grid-fields {unknown} not in MMA_GRID ({', '.join(MMA_GRID)})")
+        raise argparse.ArgumentTypeError(f"{unknown} not in MMA_GRID ({', '.join(MMA_GRID)})")
     return {f: MMA_GRID[f] for f in names} if names else MMA_GRID
 
 
