@@ -12,7 +12,7 @@ from dataclasses import dataclass
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first attn_stages row_groups group_rows attn_stream".split()
+    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
 )
 
 
