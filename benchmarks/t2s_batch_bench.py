@@ -50,7 +50,7 @@ import torch
 from kernel_timeline import loop_against_replay, traced
 from t2s_batch_report import breakdown, print_report
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, first_divergence, meta, timed
-from t2s_layer_measure import parse_change
+from t2s_layer_measure import parse_change, parse_slot_changes
 
 from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
@@ -258,6 +258,13 @@ def main() -> None:
         "measured in the engine before it goes in the table)",
     )
     p.add_argument(
+        "--mma-slot-changes",
+        type=parse_slot_changes,
+        default=(),
+        help="RESULT_FREE fields of the table entry changed per KV bucket for this run (SLOT_CHANGES), e.g. "
+        "'512:gemm_stages=3': buckets of up to 512 slots take gemm_stages 3",
+    )
+    p.add_argument(
         "--round-graphs",
         action="store_true",
         help="the engine also captures a graph of each whole round (T2SRowEngine round_graphs): one replay a round",
@@ -274,9 +281,11 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     ckpt, make_s = timed(lambda: make_t2s_checkpoint(f"/tmp/t2s_{args.size}.ckpt", args.size, seed=0))
     (model, config), load_s = timed(lambda: load_t2s(ckpt, device=args.device, dtype=args.dtype))
+    shape_key = (config.hidden_dim, config.ffn_dim, config.n_head, config.vocab_size)
     if args.mma_change:
-        key = (config.hidden_dim, config.ffn_dim, config.n_head, config.vocab_size)
-        mma_config.CONFIGS[key] = replace(mma_config.config_for(*key), **args.mma_change)
+        mma_config.CONFIGS[shape_key] = replace(mma_config.config_for(*shape_key), **args.mma_change)
+    if args.mma_slot_changes:
+        mma_config.SLOT_CHANGES[shape_key] = args.mma_slot_changes
     on_gpu = torch.device(args.device).type == "cuda"
     max_seq = max(KV_BUCKETS)
     if N_PHONES + N_PROMPT + args.n_tokens > max_seq:
@@ -359,6 +368,8 @@ def main() -> None:
         "backend": args.kernels,
         "rows_stack": args.rows_stack if args.kernels != "native" else None,
         "mma_change": args.mma_change,
+        "mma_slot_changes_given": [[most, change] for most, change in args.mma_slot_changes],
+        "mma_slot_changes": [[most, change] for most, change in mma_config.SLOT_CHANGES.get(shape_key, ())],
     }
     result["meta"] = info
     print_report(rows, capture_s, result["n_graphs"])

@@ -17,7 +17,7 @@ import torch
 from bench_meta import capture
 
 from voicehub.runtime.kernels import t2s_layer as ref
-from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
+from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, check_slot_changes
 
 SIZES = {  # n_layer, dim, n_head, ffn_dim, vocab
     "full": (24, 512, 16, 2048, 1025),
@@ -35,6 +35,22 @@ def parse_change(text: str) -> dict:
             raise argparse.ArgumentTypeError(f"MmaConfig has no field {name!r}")
         out[name] = value.lower() == "true" if fields[name] in (bool, "bool") else int(value)
     return out
+
+
+def parse_slot_changes(text: str) -> tuple[tuple[int, dict], ...]:
+    """'512:gemm_stages=3;768:row_groups=1' -> ((512, {"gemm_stages": 3}), (768, {"row_groups": 1})): SLOT_CHANGES'
+    form (the first bound holding a step's KV bucket applies; only RESULT_FREE fields)."""
+    out = []
+    for item in filter(None, text.split(";")):
+        most, sep, change = item.partition(":")
+        if not sep or not most.isdigit():
+            raise argparse.ArgumentTypeError(f"expected SLOTS:field=value,..., got {item!r}")
+        out.append((int(most), parse_change(change)))
+    try:
+        check_slot_changes(tuple(out))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return tuple(sorted(out, key=lambda pair: pair[0]))
 
 
 def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: torch.dtype, device: str):

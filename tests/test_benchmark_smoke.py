@@ -80,6 +80,16 @@ def test_t2s_batch_bench_reads_every_level(tmp_path):
         assert b["replay"]["steps"] == 19
 
 
+def test_t2s_batch_bench_refuses_a_kv_bucket_change_of_a_value_changing_field():
+    # --mma-slot-changes takes only RESULT_FREE fields (a row's numbers must not depend on its KV bucket):
+    # refused while the arguments are parsed, before a checkpoint is made
+    args = ["--device", "cpu", "--size", "tiny", "--mma-slot-changes", "512:gemm_stages=3,block_k=32"]
+    proc = subprocess.run([sys.executable, "t2s_batch_bench.py", *args], cwd=BENCH, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "['block_k'], fields outside RESULT_FREE" in proc.stderr
+
+
 def test_t2s_repeat_probe_finds_where_two_runs_first_differ(tmp_path):
     """The level run twice is bitwise the same on the CPU; alone against among others, the PyTorch step (not
     batch-invariant) first differs at the first decode step's slot, never in the prompt's (one prefill row count)."""

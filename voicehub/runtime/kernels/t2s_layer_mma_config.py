@@ -2,12 +2,13 @@
 
 Every field but those in RESULT_FREE changes the order of float operations or the MMA instruction, so a
 config is fixed per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not
-depend on them). `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
+depend on them); only RESULT_FREE fields may change with the KV bucket (SLOT_CHANGES).
+`benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
@@ -146,8 +147,28 @@ CONFIGS = {
 }
 
 
-def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int) -> MmaConfig:
-    """The table's entry, else the defaults with the reduction chunk no wider than the model."""
-    if (dim, ffn_dim, n_head, vocab) in CONFIGS:
-        return CONFIGS[dim, ffn_dim, n_head, vocab]
-    return MmaConfig(block_k=max(MIN_DOT, min(64, 1 << (dim - 1).bit_length())))
+# (dim, ffn_dim, n_head, vocab) -> ((most KV slots, RESULT_FREE fields changed), ...): the first pair whose bound
+# holds the step's bucket changes CONFIGS' entry there (a field whose best value depends on the cache's length)
+SLOT_CHANGES: dict[tuple[int, int, int, int], tuple[tuple[int, dict], ...]] = {}
+
+
+def check_slot_changes(changes: tuple[tuple[int, dict], ...]) -> None:
+    """ValueError unless every change names only RESULT_FREE fields (the KV bucket must not change a value)."""
+    for most, change in changes:
+        if not set(change) <= RESULT_FREE:
+            raise ValueError(f"SLOT_CHANGES at {most} slots changes {sorted(set(change) - RESULT_FREE)}, "
+                             "fields outside RESULT_FREE: a row's numbers would depend on its KV bucket")  # fmt: skip
+
+
+def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int, n_slots: int | None = None) -> MmaConfig:
+    """The table's entry (with SLOT_CHANGES' change for a bucket of n_slots), else the defaults with the
+    reduction chunk no wider than the model."""
+    key = (dim, ffn_dim, n_head, vocab)
+    if key not in CONFIGS:
+        return MmaConfig(block_k=max(MIN_DOT, min(64, 1 << (dim - 1).bit_length())))
+    changes = SLOT_CHANGES.get(key, ())
+    check_slot_changes(changes)
+    for most, change in changes:
+        if n_slots is not None and n_slots <= most:
+            return replace(CONFIGS[key], **change)
+    return CONFIGS[key]
