@@ -50,7 +50,7 @@ import torch
 from kernel_timeline import loop_against_replay, traced
 from t2s_batch_report import breakdown, print_report
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, first_divergence, meta, timed
-from t2s_layer_measure import parse_change, parse_slot_changes
+from t2s_layer_measure import parse_bucket_changes, parse_change
 
 from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
@@ -258,11 +258,10 @@ def main() -> None:
         "measured in the engine before it goes in the table)",
     )
     p.add_argument(
-        "--mma-slot-changes",
-        type=parse_slot_changes,
-        default=(),
-        help="RESULT_FREE fields of the table entry changed per KV bucket for this run (SLOT_CHANGES), e.g. "
-        "'512:gemm_stages=3': buckets of up to 512 slots take gemm_stages 3",
+        "--mma-bucket-changes",
+        type=parse_bucket_changes,
+        help="the table's BUCKET_CHANGES replaced for this run ('' for none): RESULT_FREE fields changed by the "
+        "step's rows and KV bucket, e.g. '33-64@512:gemm_stages=3' (33-64 rows, buckets of up to 512 slots)",
     )
     p.add_argument(
         "--round-graphs",
@@ -284,8 +283,8 @@ def main() -> None:
     shape_key = (config.hidden_dim, config.ffn_dim, config.n_head, config.vocab_size)
     if args.mma_change:
         mma_config.CONFIGS[shape_key] = replace(mma_config.config_for(*shape_key), **args.mma_change)
-    if args.mma_slot_changes:
-        mma_config.SLOT_CHANGES[shape_key] = args.mma_slot_changes
+    if args.mma_bucket_changes is not None:
+        mma_config.BUCKET_CHANGES[shape_key] = args.mma_bucket_changes
     on_gpu = torch.device(args.device).type == "cuda"
     max_seq = max(KV_BUCKETS)
     if N_PHONES + N_PROMPT + args.n_tokens > max_seq:
@@ -368,8 +367,7 @@ def main() -> None:
         "backend": args.kernels,
         "rows_stack": args.rows_stack if args.kernels != "native" else None,
         "mma_change": args.mma_change,
-        "mma_slot_changes_given": [[most, change] for most, change in args.mma_slot_changes],
-        "mma_slot_changes": [[most, change] for most, change in mma_config.SLOT_CHANGES.get(shape_key, ())],
+        "mma_bucket_changes": [b._asdict() for b in mma_config.BUCKET_CHANGES.get(shape_key, ())],
     }
     result["meta"] = info
     print_report(rows, capture_s, result["n_graphs"])

@@ -17,7 +17,7 @@ import torch
 from bench_meta import capture
 
 from voicehub.runtime.kernels import t2s_layer as ref
-from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, check_slot_changes
+from voicehub.runtime.kernels.t2s_layer_mma_config import BucketChange, MmaConfig, check_bucket_changes
 
 SIZES = {  # n_layer, dim, n_head, ffn_dim, vocab
     "full": (24, 512, 16, 2048, 1025),
@@ -37,20 +37,27 @@ def parse_change(text: str) -> dict:
     return out
 
 
-def parse_slot_changes(text: str) -> tuple[tuple[int, dict], ...]:
-    """'512:gemm_stages=3;768:row_groups=1' -> ((512, {"gemm_stages": 3}), (768, {"row_groups": 1})): SLOT_CHANGES'
-    form (the first bound holding a step's KV bucket applies; only RESULT_FREE fields)."""
+def parse_bucket_changes(text: str) -> tuple[BucketChange, ...]:
+    """'33-64@512:gemm_stages=3;768:row_groups=1' -> BUCKET_CHANGES' form: steps of 33 to 64 rows whose KV bucket
+    has at most 512 slots take gemm_stages 3, then any rows up to 768 slots row_groups 1 (the first that holds
+    a step applies; only RESULT_FREE fields)."""
     out = []
     for item in filter(None, text.split(";")):
-        most, sep, change = item.partition(":")
-        if not sep or not most.isdigit():
-            raise argparse.ArgumentTypeError(f"expected SLOTS:field=value,..., got {item!r}")
-        out.append((int(most), parse_change(change)))
+        bucket, sep, change = item.partition(":")
+        rows, _, most = bucket.rpartition("@")
+        least, _, most_rows = rows.partition("-")
+        if not sep or not most.isdigit() or not all(n.isdigit() for n in filter(None, (least, most_rows))):
+            raise argparse.ArgumentTypeError(f"expected [ROWS-ROWS@]SLOTS:field=value,..., got {item!r}")
+        out.append(
+            BucketChange(
+                int(most), parse_change(change), int(least or 1), int(most_rows) if most_rows else None
+            )
+        )
     try:
-        check_slot_changes(tuple(out))
+        check_bucket_changes(tuple(out))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return tuple(sorted(out, key=lambda pair: pair[0]))
+    return tuple(out)
 
 
 def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: torch.dtype, device: str):

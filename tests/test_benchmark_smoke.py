@@ -81,9 +81,9 @@ def test_t2s_batch_bench_reads_every_level(tmp_path):
 
 
 def test_t2s_batch_bench_refuses_a_kv_bucket_change_of_a_value_changing_field():
-    # --mma-slot-changes takes only RESULT_FREE fields (a row's numbers must not depend on its KV bucket):
-    # refused while the arguments are parsed, before a checkpoint is made
-    args = ["--device", "cpu", "--size", "tiny", "--mma-slot-changes", "512:gemm_stages=3,block_k=32"]
+    # --mma-bucket-changes takes only RESULT_FREE fields (a row's numbers must not depend on its batch or KV
+    # bucket): refused while the arguments are parsed, before a checkpoint is made
+    args = ["--device", "cpu", "--size", "tiny", "--mma-bucket-changes", "33-64@512:gemm_stages=3,block_k=32"]
     proc = subprocess.run([sys.executable, "t2s_batch_bench.py", *args], cwd=BENCH, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]

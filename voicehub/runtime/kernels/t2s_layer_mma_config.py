@@ -2,13 +2,14 @@
 
 Every field but those in RESULT_FREE changes the order of float operations or the MMA instruction, so a
 config is fixed per model shape and never chosen by the batch size or the KV bucket (a row's numbers must not
-depend on them); only RESULT_FREE fields may change with the KV bucket (SLOT_CHANGES).
+depend on them); only RESULT_FREE fields may change with the batch or the KV bucket (BUCKET_CHANGES).
 `benchmarks/t2s_layer_bench.py --mma-grid` searches it on a GPU; CONFIGS holds the winners.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
@@ -126,7 +127,7 @@ class MmaConfig:
 # Session 30 (H100, t2s_rows_probe_h100_3469411.json, 64 rows): one row group 1,242 / 1,496 us and K/V without evict_first
 # 1,370 / 1,444 against this entry's 1,237-1,251 / 1,354-1,356 at KV 480 / 730: both stay.
 # gemm_stages 3 (t2s_rows_probe_h100_ee9efac_stages.json, bit-equal): 1,244-1,255 -> 1,161 us at KV 480, 1,348-1,351 ->
-# 1,375 at 730; stays 2 until the engine's A/B (t2s_batch_bench.py --mma-change gemm_stages=3) has measured it.
+# 1,375 at 730; in the engine (session 31) a gain only at 64 rows and up to 512 slots: BUCKET_CHANGES below.
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,
@@ -147,28 +148,49 @@ CONFIGS = {
 }
 
 
-# (dim, ffn_dim, n_head, vocab) -> ((most KV slots, RESULT_FREE fields changed), ...): the first pair whose bound
-# holds the step's bucket changes CONFIGS' entry there (a field whose best value depends on the cache's length)
-SLOT_CHANGES: dict[tuple[int, int, int, int], tuple[tuple[int, dict], ...]] = {}
+class BucketChange(NamedTuple):
+    """RESULT_FREE fields changed for a step of least_rows..most_rows rows (None: no bound) whose KV bucket has
+    at most most_slots slots: a field whose best value depends on the batch's or the cache's size."""
+
+    most_slots: int
+    change: dict
+    least_rows: int = 1
+    most_rows: int | None = None
+
+    def holds(self, n_rows: int, n_slots: int) -> bool:
+        return n_slots <= self.most_slots and self.least_rows <= n_rows <= (self.most_rows or n_rows)
 
 
-def check_slot_changes(changes: tuple[tuple[int, dict], ...]) -> None:
-    """ValueError unless every change names only RESULT_FREE fields (the KV bucket must not change a value)."""
-    for most, change in changes:
-        if not set(change) <= RESULT_FREE:
-            raise ValueError(f"SLOT_CHANGES at {most} slots changes {sorted(set(change) - RESULT_FREE)}, "
-                             "fields outside RESULT_FREE: a row's numbers would depend on its KV bucket")  # fmt: skip
+# (dim, ffn_dim, n_head, vocab) -> BucketChanges: the first that holds a step changes CONFIGS' entry there.
+# v3, session 31 (H100, the engine's replay at 16-128 streams, t2s_batch_triton_h100_4a3c498_*.json; KV buckets
+# 256-768): gemm_stages 3 up to 512 slots -1.8% / -2.0% a step at 64 rows (1,255 / 1,258 -> 1,232 / 1,233 us),
+# +0.9% / +1.1% at 128 rows and +0.5% at 16 and 32 (bit-equal: RESULT_FREE's GPU test); at every bucket (768
+# too) -1.6% at 64 rows, +2.1% at 128
+BUCKET_CHANGES: dict[tuple[int, int, int, int], tuple[BucketChange, ...]] = {
+    (512, 2048, 16, 1025): (BucketChange(512, {"gemm_stages": 3}, least_rows=33, most_rows=64),),
+}
 
 
-def config_for(dim: int, ffn_dim: int, n_head: int, vocab: int, n_slots: int | None = None) -> MmaConfig:
-    """The table's entry (with SLOT_CHANGES' change for a bucket of n_slots), else the defaults with the
-    reduction chunk no wider than the model."""
+def check_bucket_changes(changes: tuple[BucketChange, ...]) -> None:
+    """ValueError unless every change names only RESULT_FREE fields (the bucket must not change a value)."""
+    for bucket in changes:
+        if outside := sorted(set(bucket.change) - RESULT_FREE):
+            raise ValueError(f"a bucket change ({bucket.most_slots} slots) changes {outside}, fields outside "
+                             "RESULT_FREE: a row's numbers would depend on its batch or KV bucket")  # fmt: skip
+
+
+def config_for(
+    dim: int, ffn_dim: int, n_head: int, vocab: int, n_rows: int | None = None, n_slots: int | None = None
+) -> MmaConfig:
+    """The table's entry (with BUCKET_CHANGES' change for a step of n_rows rows and n_slots KV slots, where
+    both are given), else the defaults with the reduction chunk no wider than the model."""
     key = (dim, ffn_dim, n_head, vocab)
     if key not in CONFIGS:
         return MmaConfig(block_k=max(MIN_DOT, min(64, 1 << (dim - 1).bit_length())))
-    changes = SLOT_CHANGES.get(key, ())
-    check_slot_changes(changes)
-    for most, change in changes:
-        if n_slots is not None and n_slots <= most:
-            return replace(CONFIGS[key], **change)
+    changes = BUCKET_CHANGES.get(key, ())
+    check_bucket_changes(changes)
+    if n_rows is not None and n_slots is not None:
+        for bucket in changes:
+            if bucket.holds(n_rows, n_slots):
+                return replace(CONFIGS[key], **bucket.change)
     return CONFIGS[key]

@@ -394,7 +394,8 @@ def decode_stack_mma(
     config: block sizes overriding `config_for` (for tuning; other blocks change the rounding)."""
     check_args(x, weights, k_cache, v_cache, lengths, n_slots)
     (vocab, dim), n_rows = weights.head_weight.shape, x.shape[0]
-    cfg = config or config_for(dim, weights.layers[0].ffn1_weight.shape[0], weights.n_head, vocab, n_slots)
+    ffn_dim = weights.layers[0].ffn1_weight.shape[0]
+    cfg = config or config_for(dim, ffn_dim, weights.n_head, vocab, n_rows, n_slots)
     logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
     spans = row_spans(n_rows, cfg)
     scratch = [Scratch.allocate(hi - lo, weights, k_cache.shape[3], cfg) for lo, hi in spans]
