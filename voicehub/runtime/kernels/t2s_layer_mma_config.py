@@ -165,7 +165,9 @@ class BucketChange(NamedTuple):
 # v3, session 31 (H100, the engine's replay at 16-128 streams, t2s_batch_triton_h100_4a3c498_*.json; KV buckets
 # 256-768): gemm_stages 3 up to 512 slots -1.8% / -2.0% a step at 64 rows (1,255 / 1,258 -> 1,232 / 1,233 us),
 # +0.9% / +1.1% at 128 rows and +0.5% at 16 and 32 (bit-equal: RESULT_FREE's GPU test); at every bucket (768
-# too) -1.6% at 64 rows, +2.1% at 128
+# too) -1.6% at 64 rows, +2.1% at 128. One 64-row step (t2s_layer_mmagrid_stages*_h100_c1a01aa.json): -2% at KV
+# 240 and 350, -7% at 480, -0.4% at 600, +1.5% at 730; gemm_stages 4 slower than 3 at each. With it the engine ran
+# 49,725 tokens/s at 64 streams (t2s_batch_triton_h100_c1a01aa.json; attention fields re-searched: the entry wins)
 BUCKET_CHANGES: dict[tuple[int, int, int, int], tuple[BucketChange, ...]] = {
     (512, 2048, 16, 1025): (BucketChange(512, {"gemm_stages": 3}, least_rows=33, most_rows=64),),
 }
