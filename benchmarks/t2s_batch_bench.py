@@ -43,14 +43,14 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from kernel_timeline import loop_against_replay, traced
 from t2s_batch_report import breakdown, print_report
 from t2s_decode_bench import EPSILON_LOGIT, EPSILON_RACE, compare, first_divergence, meta, timed
-from t2s_layer_measure import parse_bucket_changes, parse_change
+from t2s_layer_measure import parse_bucket_changes, parse_change, set_mma_table, steps_changed
 
 from voicehub.models.gpt_sovits.optimization import T2S_STEP_OPS, t2s_step_kernels
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
@@ -281,10 +281,7 @@ def main() -> None:
     ckpt, make_s = timed(lambda: make_t2s_checkpoint(f"/tmp/t2s_{args.size}.ckpt", args.size, seed=0))
     (model, config), load_s = timed(lambda: load_t2s(ckpt, device=args.device, dtype=args.dtype))
     shape_key = (config.hidden_dim, config.ffn_dim, config.n_head, config.vocab_size)
-    if args.mma_change:
-        mma_config.CONFIGS[shape_key] = replace(mma_config.config_for(*shape_key), **args.mma_change)
-    if args.mma_bucket_changes is not None:
-        mma_config.BUCKET_CHANGES[shape_key] = args.mma_bucket_changes
+    set_mma_table(shape_key, args.mma_change, args.mma_bucket_changes)
     on_gpu = torch.device(args.device).type == "cuda"
     max_seq = max(KV_BUCKETS)
     if N_PHONES + N_PROMPT + args.n_tokens > max_seq:
@@ -367,7 +364,8 @@ def main() -> None:
         "backend": args.kernels,
         "rows_stack": args.rows_stack if args.kernels != "native" else None,
         "mma_change": args.mma_change,
-        "mma_bucket_changes": [b._asdict() for b in mma_config.BUCKET_CHANGES.get(shape_key, ())],
+        "mma_bucket_changes": [asdict(b) for b in mma_config.BUCKET_CHANGES.get(shape_key, ())],
+        "mma_steps_changed": steps_changed(shape_key, cfg.row_buckets, KV_BUCKETS),
     }
     result["meta"] = info
     print_report(rows, capture_s, result["n_graphs"])

@@ -138,14 +138,15 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
     base = tk.config_for(dim, ffn_dim, n_head, vocab)
-    mma_base = mk.config_for(dim, ffn_dim, n_head, vocab)
     n_rows = [int(n) for n in args.rows.split(",")]
+    # the many-row table as the engine takes it for a step of these rows and bucket (its bucket changes)
+    mma_base = mk.config_for(dim, ffn_dim, n_head, vocab, n_rows[0], args.n_slots)
     report = Report(args, base, mma_base, n_layer)
     if args.mma_grid:
         winner = mma_grid(mk, args, report, mma_base, dtype)
         report.save()
         if winner is not None:
-            check_winner(mk, args, report, mma_base, winner, dtype)
+            check_winner(mk, args, report, winner, dtype)
         return
     for i, rows in enumerate(n_rows):
         inputs = random_inputs(args.size, rows, args.length, args.max_slots, dtype, args.device)
@@ -161,9 +162,8 @@ def main() -> None:
             report.add({"rows": rows, "path": "fused" if j == 0 else "fused_sweep", **row})
         want = reference(inputs, args.n_slots)
         is_last = i == len(n_rows) - 1 and not args.no_sweep
-        mma_configs = [mma_base] + (
-            [dataclasses.replace(mma_base, **c) for c in MMA_SWEEP] if is_last else []
-        )
+        table = mk.config_for(dim, ffn_dim, n_head, vocab, rows, args.n_slots)
+        mma_configs = [table] + ([dataclasses.replace(table, **c) for c in MMA_SWEEP] if is_last else [])
         for j, cfg in enumerate(mma_configs):
             row = bench_mma(mk, inputs, want, args.n_slots, cfg, on_gpu, args.replays, breakdown=j == 0)
             report.add({"rows": rows, "path": "mma" if j == 0 else "mma_sweep", **row})

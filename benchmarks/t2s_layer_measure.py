@@ -1,7 +1,8 @@
 """The pieces the T2S layer-stack benches share: sizes, random full-size inputs, the torch definition's
 logits, CUDA-graph timing, and one config's check and timing per stack (the one-row GEMV stack, the
-many-row stack, the step's embedding). `t2s_layer_bench.py` runs them; `t2s_mma_grid.py` and
-`t2s_rows_probe.py` reuse them (a module of its own so no helper imports a script back).
+many-row stack, the step's embedding), and the many-row table's changes for one run (--mma-change,
+--mma-bucket-changes). `t2s_layer_bench.py` runs them; `t2s_mma_grid.py`, `t2s_rows_probe.py` and
+`t2s_batch_bench.py` reuse them (a module of its own so no helper imports a script back).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from bench_meta import capture
 
 from voicehub.runtime.kernels import t2s_layer as ref
-from voicehub.runtime.kernels.t2s_layer_mma_config import BucketChange, MmaConfig, check_bucket_changes
+from voicehub.runtime.kernels import t2s_layer_mma_config as mc
+from voicehub.runtime.kernels.t2s_layer_mma_config import BucketChange, MmaConfig
 
 SIZES = {  # n_layer, dim, n_head, ffn_dim, vocab
     "full": (24, 512, 16, 2048, 1025),
@@ -38,26 +40,55 @@ def parse_change(text: str) -> dict:
 
 
 def parse_bucket_changes(text: str) -> tuple[BucketChange, ...]:
-    """'33-64@512:gemm_stages=3;768:row_groups=1' -> BUCKET_CHANGES' form: steps of 33 to 64 rows whose KV bucket
-    has at most 512 slots take gemm_stages 3, then any rows up to 768 slots row_groups 1 (the first that holds
-    a step applies; only RESULT_FREE fields)."""
+    """'33-64@512:gemm_stages=3;768:row_groups=1' -> BUCKET_CHANGES' form: steps of 33 to 64 rows whose KV
+    bucket has at most 512 slots take gemm_stages 3, then steps of any rows up to 768 slots row_groups 1 (the
+    first that holds a step applies; only RESULT_FREE fields). '' -> none."""
     out = []
     for item in filter(None, text.split(";")):
         bucket, sep, change = item.partition(":")
-        rows, _, most = bucket.rpartition("@")
-        least, _, most_rows = rows.partition("-")
-        if not sep or not most.isdigit() or not all(n.isdigit() for n in filter(None, (least, most_rows))):
-            raise argparse.ArgumentTypeError(f"expected [ROWS-ROWS@]SLOTS:field=value,..., got {item!r}")
-        out.append(
-            BucketChange(
-                int(most), parse_change(change), int(least or 1), int(most_rows) if most_rows else None
+        rows, at, slots = bucket.rpartition("@")
+        low, dash, high = rows.partition("-")
+        if not sep or not slots.isdigit() or (at and not (dash and low.isdigit() and high.isdigit())):
+            raise argparse.ArgumentTypeError(
+                f"expected [MIN_ROWS-MAX_ROWS@]MAX_SLOTS:field=value,..., got {item!r}"
             )
-        )
-    try:
-        check_bucket_changes(tuple(out))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        bounds = {"min_rows": int(low), "max_rows": int(high)} if at else {}
+        try:
+            out.append(BucketChange(int(slots), parse_change(change), **bounds))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return tuple(out)
+
+
+def set_mma_table(shape_key: tuple, change: dict, bucket_changes: tuple | None) -> None:
+    """The many-row stack's table for this run: its entry with `change`, its BUCKET_CHANGES replaced by
+    `bucket_changes` (None: kept). SystemExit, the table untouched, where a bucket change would override
+    `change` or does not apply to the entry."""
+    entry = dataclasses.replace(mc.config_for(*shape_key), **change)
+    buckets = mc.BUCKET_CHANGES.get(shape_key, ()) if bucket_changes is None else bucket_changes
+    for bucket in buckets:
+        if both := sorted(set(change) & set(bucket.change)):
+            raise SystemExit(f"--mma-change sets {both}, which a bucket change overrides ({bucket}): pass "
+                             "--mma-bucket-changes without it ('' for none)")  # fmt: skip
+        try:
+            dataclasses.replace(entry, **bucket.change)
+        except ValueError as e:
+            raise SystemExit(f"{bucket} does not apply to the table's entry: {e}") from None
+    if change:
+        mc.CONFIGS[shape_key] = entry
+    mc.BUCKET_CHANGES[shape_key] = buckets
+
+
+def steps_changed(shape_key: tuple, row_buckets, kv_buckets) -> list[dict]:
+    """Each (row bucket, KV bucket) whose config is not the table's entry, with the fields that differ."""
+    entry = dataclasses.asdict(mc.config_for(*shape_key))
+    out = []
+    for rows in row_buckets:
+        for slots in kv_buckets:
+            step = dataclasses.asdict(mc.config_for(*shape_key, rows, slots))
+            if changed := {k: v for k, v in step.items() if entry[k] != v}:
+                out.append({"rows": rows, "slots": slots, "changed": changed})
+    return out
 
 
 def random_inputs(size: str, n_rows: int, length: int, max_slots: int, dtype: torch.dtype, device: str):

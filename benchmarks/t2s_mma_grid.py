@@ -116,12 +116,15 @@ def search_space(fields: str) -> dict:
     return {f: MMA_GRID[f] for f in names} if names else MMA_GRID
 
 
-def check_winner(mk, args, report: Report, base, winner, dtype) -> None:
-    """The table's entry and the grid's winner at each of --check-rows."""
+def check_winner(mk, args, report: Report, winner, dtype) -> None:
+    """The table (as the engine takes it at those rows and --n-slots) and the grid's winner at each of
+    --check-rows."""
+    _, dim, n_head, ffn_dim, vocab = SIZES[args.size]
     for n in [int(r) for r in args.check_rows.split(",") if r]:
         inputs = random_inputs(args.size, n, args.length, args.max_slots, dtype, args.device)
         want = reference(inputs, args.n_slots)
-        for path, cfg in (("mma", base), ("mma_check", winner)):
+        table = mk.config_for(dim, ffn_dim, n_head, vocab, n, args.n_slots)
+        for path, cfg in (("mma", table), ("mma_check", winner)):
             row = bench_mma(mk, inputs, want, args.n_slots, cfg, args.device == "cuda", args.replays, False,
                             args.batch_ms)  # fmt: skip
             report.add({"rows": n, "path": path, **row})

@@ -112,10 +112,12 @@ def timelines(args) -> dict:
     profiler at each length: every kernel's stream, start and duration, and their overlap (`kernel_timeline`)."""
     dtype = getattr(torch, args.dtype)
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
-    base = mk.config_for(dim, ffn_dim, n_head, vocab)
-    rows_out = []
+    rows_out, configs = [], {}
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = bucket(length, args.max_slots)
+        base = configs[length] = mk.config_for(
+            dim, ffn_dim, n_head, vocab, args.rows, n_slots
+        )  # as the engine
         inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
         for name in args.timeline:
             cfg = chain_config(name, base)
@@ -131,22 +133,27 @@ def timelines(args) -> dict:
             rows_out.append(row)
         del inputs
         torch.cuda.empty_cache()
-    return {"results": rows_out, "config": dataclasses.asdict(base)}
+    return {"results": rows_out, "config_by_length": {n: dataclasses.asdict(c) for n, c in configs.items()}}
 
 
 def probe(args) -> dict:
     dtype = getattr(torch, args.dtype)
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
-    base = mk.config_for(dim, ffn_dim, n_head, vocab)
-    pdl = dataclasses.replace(base, pdl=not base.pdl)
-    late = dataclasses.replace(base, pdl=True, pdl_late=True)  # the next kernel launched after the wait
-    # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
-    out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
-    tickets = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)  # ffn1 + ffn2: one kernel or two
-    evict = dataclasses.replace(base, kv_evict_first=not base.kv_evict_first)  # K/V's L2 policy: same values
-    rows_out = []
+    rows_out, configs = [], {}
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = bucket(length, args.max_slots)
+        # the table as the engine takes it for this step (its bucket changes included)
+        base = configs[length] = mk.config_for(dim, ffn_dim, n_head, vocab, args.rows, n_slots)
+        pdl = dataclasses.replace(base, pdl=not base.pdl)
+        late = dataclasses.replace(base, pdl=True, pdl_late=True)  # the next kernel launched after the wait
+        # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
+        out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
+        tickets = dataclasses.replace(
+            base, ffn_tickets=not base.ffn_tickets
+        )  # ffn1 + ffn2: one kernel or two
+        evict = dataclasses.replace(
+            base, kv_evict_first=not base.kv_evict_first
+        )  # K/V's L2 policy: same values
         inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
         k0, v0 = inputs[2].clone(), inputs[3].clone()  # every variant writes the same k, v at `length`
         want = grouped(inputs, n_slots, base, 1)().clone()
@@ -204,25 +211,25 @@ def probe(args) -> dict:
             rows_out.append(row)
         for rows in (r for r in (16, 32) if r < args.rows):  # a group's floor alone
             sub = (inputs[0][:rows], inputs[1], inputs[2][:, :rows], inputs[3][:, :rows], inputs[4][:rows])
+            own = mk.config_for(dim, ffn_dim, n_head, vocab, rows, n_slots)
             row = {"rows": rows, "length": length, "n_slots": n_slots, "variant": "chain", "groups": 1,
-                   "pdl": base.pdl, "step_us": time_us(grouped(sub, n_slots, base, 1), args.device == "cuda",
-                                                       args.replays)}  # fmt: skip
+                   "pdl": own.pdl, "step_us": time_us(grouped(sub, n_slots, own, 1), args.device == "cuda",
+                                                      args.replays)}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows_out.append(row)
         del inputs, k0, v0
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    return {"results": rows_out, "config": dataclasses.asdict(base)}
+    return {"results": rows_out, "config_by_length": {n: dataclasses.asdict(c) for n, c in configs.items()}}
 
 
 def ncu_steps(args) -> None:
     """One eager step at 1 and at 64 rows inside cudaProfilerStart/Stop (compiled and warmed up before)."""
     dtype = getattr(torch, args.dtype)
     n_layer, dim, n_head, ffn_dim, vocab = SIZES[args.size]
-    base = mk.config_for(dim, ffn_dim, n_head, vocab)
     for rows in (1, args.rows):
         inputs = random_inputs(args.size, rows, 730, args.max_slots, dtype, args.device)
-        fn = grouped(inputs, 768, base, 1)
+        fn = grouped(inputs, 768, mk.config_for(dim, ffn_dim, n_head, vocab, rows, 768), 1)
         fn()
         fn()
         torch.cuda.synchronize()

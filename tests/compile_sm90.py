@@ -1,6 +1,7 @@
 """Compile the T2S step's Triton kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
 
-The many-row stack (the v3 table's config; PDL early and late on one kernel; the ticketed FFN), the
+The many-row stack (the v3 table's config, its GEMM kernels again at each pipelining depth its bucket
+changes use; PDL early and late on one kernel; the ticketed FFN), the
 one-row stack (its table's config at one row, layer 0 gathering the embedding or not) and the per-row
 noise.
 
@@ -22,6 +23,7 @@ from voicehub.runtime.kernels import t2s_ffn_ticket_triton as ticket
 from voicehub.runtime.kernels import t2s_layer_mma_attention_triton as attention
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mma
 from voicehub.runtime.kernels import t2s_layer_triton as one_row
+from voicehub.runtime.kernels.t2s_layer_mma_config import BUCKET_CHANGES
 
 DIM, FFN_DIM, N_HEAD, VOCAB = 512, 2048, 16, 1025  # v3's T2S
 ONE_ROW_SLOTS = 2048  # the single-stream decoder's cache (max_seq_len): the attention merge's shape
@@ -79,32 +81,42 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, **overri
           f"{ptx.count('cp.async.cg')} cp.async", flush=True)  # fmt: skip
 
 
+def gemm_depths() -> list[int]:
+    """The v3 entry's gemm_stages first, then each other depth its BUCKET_CHANGES give a step."""
+    entry = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
+    changes = BUCKET_CHANGES.get((DIM, FFN_DIM, N_HEAD, VOCAB), ())
+    others = {b.change["gemm_stages"] for b in changes if "gemm_stages" in b.change} - {entry.gemm_stages}
+    return [entry.gemm_stages, *sorted(others)]
+
+
 def main() -> None:
-    # one compile a kernel and path (ptxas is most of the ~2-3 s each): the v3 table's config, and the
-    # linear kernel with PDL early and late (the two branches of `_await_previous`)
+    # one compile a kernel and path (ptxas is most of the ~2-3 s each): the v3 table's config (its GEMM
+    # kernels again at each other pipelining depth its bucket changes use), and the linear kernel with PDL
+    # early and late (the two branches of `_await_previous`)
     cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
     gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
-    warps, stages = cfg.gemm_warps, cfg.gemm_stages
-    for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)
-        compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD, RAW=raw,
-                                           STORED=stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits),
-                     warps, stages)  # fmt: skip
-    for stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
+    for attn_stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
         compile_sm90(attention._attention_kernel,
                      dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
                           TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
-                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg), STAGES=stages),
-                     cfg.attn_warps, 3)  # fmt: skip
-    compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits, PRENORM=cfg.prenorm),
-                 warps, stages)  # fmt: skip
-    for pdl in (0, 1, 2):
-        compile_sm90(mma._linear_kernel, dict(gemm, BLOCK_N=cfg.block_n, SPLITS=cfg.ffn2_splits, NORM=cfg.prenorm,
-                                              PDL=pdl), warps, stages)  # fmt: skip
-    compile_sm90(mma._head_kernel, dict(gemm, BLOCK_N=cfg.block_n, PRENORM=cfg.prenorm), warps, stages)
-    compile_sm90(ticket._ffn_ticket_kernel,
-                 dict(BLOCK_M=cfg.block_m, BLOCK_F=cfg.ffn_block, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                      BLOCK_D=DIM, SPLITS1=cfg.ffn1_splits, SPLITS2=cfg.ffn2_splits, IEEE=False, PDL=0,
-                      PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
+                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
+                          STAGES=attn_stages), cfg.attn_warps, 3)  # fmt: skip
+    warps = cfg.gemm_warps
+    for depth, stages in enumerate(gemm_depths()):
+        for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)
+            compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD,
+                                               RAW=raw, STORED=stored, BLOCK_N=cfg.block_n,
+                                               SPLITS=cfg.qkv_splits), warps, stages)  # fmt: skip
+        compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits,
+                                            PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
+        for pdl in (0, 1, 2) if depth == 0 else (0,):
+            compile_sm90(mma._linear_kernel, dict(gemm, BLOCK_N=cfg.block_n, SPLITS=cfg.ffn2_splits,
+                                                  NORM=cfg.prenorm, PDL=pdl), warps, stages)  # fmt: skip
+        compile_sm90(mma._head_kernel, dict(gemm, BLOCK_N=cfg.block_n, PRENORM=cfg.prenorm), warps, stages)
+        compile_sm90(ticket._ffn_ticket_kernel,
+                     dict(BLOCK_M=cfg.block_m, BLOCK_F=cfg.ffn_block, BLOCK_N=cfg.block_n,
+                          BLOCK_K=cfg.block_k, BLOCK_D=DIM, SPLITS1=cfg.ffn1_splits, SPLITS2=cfg.ffn2_splits,
+                          IEEE=False, PDL=0, PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
 
     # the one-row stack at one row (a single stream), PDL as its table says; qkv: layer 0 gathering the
     # embedding, layer 0 given x, a later layer

@@ -80,14 +80,20 @@ def test_t2s_batch_bench_reads_every_level(tmp_path):
         assert b["replay"]["steps"] == 19
 
 
-def test_t2s_batch_bench_refuses_a_kv_bucket_change_of_a_value_changing_field():
+def test_t2s_batch_bench_refuses_bucket_changes_that_change_values_or_override_its_change():
     # --mma-bucket-changes takes only RESULT_FREE fields (a row's numbers must not depend on its batch or KV
     # bucket): refused while the arguments are parsed, before a checkpoint is made
-    args = ["--device", "cpu", "--size", "tiny", "--mma-bucket-changes", "33-64@512:gemm_stages=3,block_k=32"]
-    proc = subprocess.run([sys.executable, "t2s_batch_bench.py", *args], cwd=BENCH, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    def bench(*args):
+        return subprocess.run([sys.executable, "t2s_batch_bench.py", "--device", "cpu", "--size", "tiny", *args],
+                              cwd=BENCH, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    proc = bench("--mma-bucket-changes", "33-64@512:gemm_stages=3,block_k=32")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "['block_k'], fields outside RESULT_FREE" in proc.stderr
+    # a bucket change of the field --mma-change sets would time the bucket's value, not the change
+    proc = bench("--mma-change", "gemm_stages=1", "--mma-bucket-changes", "2-4@64:gemm_stages=3")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "--mma-change sets ['gemm_stages'], which a bucket change overrides" in proc.stderr
 
 
 def test_t2s_repeat_probe_finds_where_two_runs_first_differ(tmp_path):

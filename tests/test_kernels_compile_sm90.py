@@ -3,9 +3,9 @@
 The CPU tests run these kernels in Triton's interpreter, which skips the compiler: it accepts what a
 compiled kernel refuses (a plain Python global read inside a kernel, session 13's first GPU run of the
 ticketed FFN) and never reaches ptxas. `compile_sm90.py` compiles each kernel of the many-row stack
-(the v3 table's config, PDL early / late, the ticketed FFN), of the one-row stack and the per-row noise
-through Triton's front end and ptxas, in a process of its own (the other tests import the modules
-interpreted).
+(the v3 table's config and its bucket changes' pipelining depths, PDL early / late, the ticketed FFN),
+of the one-row stack and the per-row noise through Triton's front end and ptxas, in a process of its
+own (the other tests import the modules interpreted).
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from voicehub.runtime.kernels.t2s_layer_mma_config import BUCKET_CHANGES, config_for
+
+V3 = (512, 2048, 16, 1025)  # dim, ffn_dim, n_head, vocab
 
 
 def test_step_kernels_compile_for_sm90_without_a_gpu():
@@ -30,5 +34,9 @@ def test_step_kernels_compile_for_sm90_without_a_gpu():
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
     # many rows: two qkv, attention (its tile loop plain and pipelined), ffn1, ffn2 (PDL off, early, late),
-    # head, the ticketed FFN; one row: three qkv, ffn, head, attention; the noise
-    assert len(lines) == 10 + 6 + 1 and all("B shared" in line for line in lines), proc.stdout
+    # head, the ticketed FFN, and six GEMM kernels (ffn2 PDL off) again at each other pipelining depth of
+    # the bucket changes; one row: three qkv, ffn, head, attention; the noise
+    entry = config_for(*V3)
+    depths = {b.change.get("gemm_stages", entry.gemm_stages) for b in BUCKET_CHANGES.get(V3, ())}
+    assert len(lines) == 10 + 6 * len(depths - {entry.gemm_stages}) + 6 + 1, proc.stdout
+    assert all("B shared" in line for line in lines), proc.stdout

@@ -304,11 +304,11 @@ def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
 
 def test_stack_asks_the_table_for_the_steps_rows_and_kv_bucket(mk, monkeypatch):
     # the table's entry for this step (BUCKET_CHANGES: RESULT_FREE fields chosen by the batch and the cache)
-    x, w, k, v, lengths = stack_inputs(1, torch.float32, [3])
+    x, w, k, v, lengths = stack_inputs(3, torch.float32, [3, 0, 17])
     asked, table = [], mk.config_for
     monkeypatch.setattr(mk, "config_for", lambda *key: asked.append(key) or table(*key))
     mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS)
-    assert asked == [(SHAPE["dim"], SHAPE["ffn_dim"], SHAPE["n_head"], SHAPE["vocab"], 1, N_SLOTS)]
+    assert asked == [(SHAPE["dim"], SHAPE["ffn_dim"], SHAPE["n_head"], SHAPE["vocab"], 3, N_SLOTS)]
 
 
 def test_stack_refuses_mismatched_arguments_and_configs(mk):

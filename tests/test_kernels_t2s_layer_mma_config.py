@@ -23,7 +23,7 @@ def table(monkeypatch):
 
 def test_bucket_changes_apply_the_first_that_holds_the_step(table, monkeypatch):
     changes = (
-        BucketChange(384, {"gemm_stages": 3}, least_rows=33, most_rows=64),
+        BucketChange(384, {"gemm_stages": 3}, min_rows=33, max_rows=64),
         BucketChange(512, {"row_groups": 1}),
     )
     monkeypatch.setitem(mc.BUCKET_CHANGES, SHAPE, changes)
@@ -33,20 +33,34 @@ def test_bucket_changes_apply_the_first_that_holds_the_step(table, monkeypatch):
     assert mc.config_for(*SHAPE, 32, 384) == one_group  # fewer rows than the first holds: the next
     assert mc.config_for(*SHAPE, 65, 384) == one_group
     assert mc.config_for(*SHAPE, 64, 512) == one_group
+    assert mc.config_for(*SHAPE, 1, 512) == one_group  # no upper bound on rows
     assert mc.config_for(*SHAPE, 128, 768) == table
     assert mc.config_for(*SHAPE) == table  # no step given: the entry
-    assert mc.config_for(*SHAPE, 64) == table
+    with pytest.raises(ValueError, match="n_rows and n_slots together"):
+        mc.config_for(*SHAPE, 64)
 
 
-def test_bucket_changes_refuse_a_field_that_changes_values(table, monkeypatch):
-    monkeypatch.setitem(mc.BUCKET_CHANGES, SHAPE, (BucketChange(512, {"gemm_stages": 3, "block_k": 32}),))
-    with pytest.raises(ValueError, match=r"\['block_k'\], fields outside RESULT_FREE"):
-        mc.config_for(*SHAPE, 64, 256)
+def test_bucket_changes_apply_to_the_default_config_of_a_shape_without_an_entry(monkeypatch):
+    monkeypatch.setitem(mc.BUCKET_CHANGES, SHAPE, (BucketChange(512, {"row_groups": 2}),))
+    default = mc.config_for(*SHAPE)
+    assert SHAPE not in mc.CONFIGS and default.row_groups == 1
+    assert mc.config_for(*SHAPE, 16, 512) == dataclasses.replace(default, row_groups=2)
 
 
-def test_shipped_bucket_changes_are_result_free_and_keyed_by_table_entries():
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [((512, {"gemm_stages": 3, "block_k": 32}), r"\['block_k'\], fields outside RESULT_FREE"),
+     ((512, {}), "changes no field"), ((0, {"gemm_stages": 3}), "max_slots >= 1"),
+     ((512, {"gemm_stages": 3}, 0), "1 <= min_rows"), ((512, {"gemm_stages": 3}, 64, 33), "min_rows <= max_rows"),
+     ((512, {"gemm_stages": 3}, 1, 0), "min_rows <= max_rows")],
+)  # fmt: skip
+def test_bucket_change_refuses_value_changing_fields_and_empty_bounds(args, message):
+    with pytest.raises(ValueError, match=message):
+        BucketChange(*args)
+
+
+def test_shipped_bucket_changes_apply_to_their_entries_and_change_something():
     for key, changes in mc.BUCKET_CHANGES.items():
         assert key in mc.CONFIGS
-        mc.check_bucket_changes(changes)
         for bucket in changes:
-            assert mc.config_for(*key, bucket.least_rows, bucket.most_slots) != mc.CONFIGS[key]
+            assert mc.config_for(*key, bucket.min_rows, bucket.max_slots) != mc.CONFIGS[key]

@@ -71,7 +71,8 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 # the table's config with fields of RESULT_FREE changed: each must leave every bit as it was
 RESULT_FREE_CHANGES = [
     {"pdl": True}, {"pdl": True, "pdl_late": True}, {"ffn_tickets": True}, {"kv_evict_first": False},
-    {"gemm_stages": 1}, {"gemm_stages": 3}, {"attn_stages": 2}, {"attn_stages": 3}, {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
+    {"gemm_stages": 1}, {"gemm_stages": 3}, {"attn_stages": 2}, {"attn_stages": 3},
+    {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
 ]  # fmt: skip
 
@@ -114,6 +115,31 @@ def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     for got in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not want[0].isnan().any()
+
+
+@pytest.mark.gpu
+def test_cuda_a_row_is_the_same_alone_and_in_a_step_that_takes_a_bucket_change():
+    # the table's BUCKET_CHANGES through the registry (v3: gemm_stages 3 at 33-64 rows up to 512 slots): a
+    # 64-row step at 512 slots takes the change, each checked row alone (one row) the entry; logits bitwise
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    mk = importlib.import_module(MODULE)
+    stack = registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cuda")
+    key = (FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
+    n_rows, n_slots = 64, 512
+    assert mk.config_for(*key, n_rows, n_slots) != mk.config_for(*key, 1, n_slots), "no bucket change to test"
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    lengths = torch.randint(0, n_slots - 1, (n_rows,), generator=g, device="cuda")
+    shape = (FULL["n_layer"], n_rows, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
+    x = torch.randn(n_rows, FULL["dim"], generator=g, device="cuda").half()
+    got = stack(x, w, k.clone(), v.clone(), lengths, n_slots)
+    assert not got.isnan().any()
+    for row in (0, 37, 63):
+        one = slice(row, row + 1)
+        alone = stack(x[one], w, k[:, one].clone(), v[:, one].clone(), lengths[one], n_slots)
+        assert torch.equal(alone[0], got[row]), row
 
 
 @pytest.mark.gpu

@@ -9,7 +9,6 @@ depend on them); only RESULT_FREE fields may change with the batch or the KV buc
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
@@ -36,7 +35,8 @@ class MmaConfig:
     attn_tiles: int = 1
     gemm_warps: int = 4
     attn_warps: int = 4
-    gemm_stages: int = 3  # software pipelining depth of the GEMMs' K loops (Triton's num_stages)
+    # software pipelining depth of the GEMMs' K loops (Triton's num_stages): when loads issue, no effect on results
+    gemm_stages: int = 3
     # the attention's tile loop: 1, each tile's K/V loads then its math; n > 1, Triton pipelines the loads
     # (cp.async into shared memory, n - 1 tiles ahead; the cache hint of kv_evict_first does not apply)
     attn_stages: int = 1
@@ -148,51 +148,58 @@ CONFIGS = {
 }
 
 
-class BucketChange(NamedTuple):
-    """RESULT_FREE fields changed for a step of least_rows..most_rows rows (None: no bound) whose KV bucket has
-    at most most_slots slots: a field whose best value depends on the batch's or the cache's size."""
+@dataclass(frozen=True)
+class BucketChange:
+    """RESULT_FREE fields changed for a step of min_rows..max_rows rows (max_rows None: no upper bound)
+    whose KV bucket has at most max_slots slots: a field whose best value depends on the batch's or the
+    cache's size. Only RESULT_FREE fields (ValueError otherwise): a row's numbers must not depend on its
+    batch or bucket."""
 
-    most_slots: int
+    max_slots: int
     change: dict
-    least_rows: int = 1
-    most_rows: int | None = None
+    min_rows: int = 1
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.change:
+            raise ValueError("BucketChange changes no field")
+        if outside := sorted(set(self.change) - RESULT_FREE):
+            raise ValueError(f"BucketChange at {self.max_slots} slots changes {outside}, fields outside "
+                             "RESULT_FREE: a row's numbers would depend on its batch or bucket")  # fmt: skip
+        top = self.min_rows if self.max_rows is None else self.max_rows
+        if self.max_slots < 1 or not 1 <= self.min_rows <= top:
+            raise ValueError(f"BucketChange needs max_slots >= 1 and 1 <= min_rows <= max_rows, got max_slots"
+                             f" {self.max_slots}, rows {self.min_rows}..{self.max_rows}")  # fmt: skip
 
     def holds(self, n_rows: int, n_slots: int) -> bool:
-        return n_slots <= self.most_slots and self.least_rows <= n_rows <= (self.most_rows or n_rows)
+        top = n_rows if self.max_rows is None else self.max_rows
+        return n_slots <= self.max_slots and self.min_rows <= n_rows <= top
 
 
 # (dim, ffn_dim, n_head, vocab) -> BucketChanges: the first that holds a step changes CONFIGS' entry there.
-# v3, session 31 (H100, the engine's replay at 16-128 streams, t2s_batch_triton_h100_4a3c498_*.json; KV buckets
-# 256-768): gemm_stages 3 up to 512 slots -1.8% / -2.0% a step at 64 rows (1,255 / 1,258 -> 1,232 / 1,233 us),
-# +0.9% / +1.1% at 128 rows and +0.5% at 16 and 32 (bit-equal: RESULT_FREE's GPU test); at every bucket (768
-# too) -1.6% at 64 rows, +2.1% at 128. One 64-row step (t2s_layer_mmagrid_stages*_h100_c1a01aa.json): -2% at KV
-# 240 and 350, -7% at 480, -0.4% at 600, +1.5% at 730; gemm_stages 4 slower than 3 at each. With it the engine ran
-# 49,725 tokens/s at 64 streams (t2s_batch_triton_h100_c1a01aa.json; attention fields re-searched: the entry wins)
+# v3, session 31 (H100, the engine's replay at 16-128 streams, t2s_batch_triton_h100_4a3c498_*.json; KV
+# buckets 256-768): gemm_stages 3 up to 512 slots -1.8% / -2.0% a step at 64 rows (1,255 / 1,258 -> 1,232 /
+# 1,233 us), +0.9% / +1.1% at 128 rows and +0.5% at 16 and 32 (bit-equal: RESULT_FREE's GPU test); at every
+# bucket (768 too) -1.6% at 64 rows, +2.1% at 128. One 64-row step (t2s_layer_mmagrid_{stages,stages4,attn480,
+# attn730}_*h100_c1a01aa.json): -2% at KV 240 and 350, -7% at 480, -0.4% at 600, +1.2-1.7% at 730; gemm_stages
+# 4 slower than 3 at each. With it the engine ran 49,725 tokens/s at 64 streams
+# (t2s_batch_triton_h100_c1a01aa.json; attention fields re-searched: the entry wins)
 BUCKET_CHANGES: dict[tuple[int, int, int, int], tuple[BucketChange, ...]] = {
-    (512, 2048, 16, 1025): (BucketChange(512, {"gemm_stages": 3}, least_rows=33, most_rows=64),),
+    (512, 2048, 16, 1025): (BucketChange(512, {"gemm_stages": 3}, min_rows=33, max_rows=64),),
 }
-
-
-def check_bucket_changes(changes: tuple[BucketChange, ...]) -> None:
-    """ValueError unless every change names only RESULT_FREE fields (the bucket must not change a value)."""
-    for bucket in changes:
-        if outside := sorted(set(bucket.change) - RESULT_FREE):
-            raise ValueError(f"a bucket change ({bucket.most_slots} slots) changes {outside}, fields outside "
-                             "RESULT_FREE: a row's numbers would depend on its batch or KV bucket")  # fmt: skip
 
 
 def config_for(
     dim: int, ffn_dim: int, n_head: int, vocab: int, n_rows: int | None = None, n_slots: int | None = None
 ) -> MmaConfig:
-    """The table's entry (with BUCKET_CHANGES' change for a step of n_rows rows and n_slots KV slots, where
-    both are given), else the defaults with the reduction chunk no wider than the model."""
+    """The table's entry, else the defaults with the reduction chunk no wider than the model; given a step's
+    n_rows and n_slots (both or neither), with the first of BUCKET_CHANGES that holds the step applied."""
+    if (n_rows is None) != (n_slots is None):
+        raise ValueError("config_for takes a step's n_rows and n_slots together (or neither: the entry)")
     key = (dim, ffn_dim, n_head, vocab)
-    if key not in CONFIGS:
-        return MmaConfig(block_k=max(MIN_DOT, min(64, 1 << (dim - 1).bit_length())))
-    changes = BUCKET_CHANGES.get(key, ())
-    check_bucket_changes(changes)
-    if n_rows is not None and n_slots is not None:
-        for bucket in changes:
+    entry = CONFIGS.get(key) or MmaConfig(block_k=max(MIN_DOT, min(64, 1 << (dim - 1).bit_length())))
+    if n_rows is not None:
+        for bucket in BUCKET_CHANGES.get(key, ()):
             if bucket.holds(n_rows, n_slots):
-                return replace(CONFIGS[key], **bucket.change)
-    return CONFIGS[key]
+                return replace(entry, **bucket.change)
+    return entry
