@@ -48,6 +48,25 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
         stack = functools.partial(mk.decode_stack_mma, config=mk.MmaConfig(block_k=128, attn_block=128,
                                                                            attn_tiles=attn_tiles, prenorm=prenorm,
                                                                            attn_out=attn_out, **splits))  # fmt: skip
+    check_against_definition_and_alone(stack, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_full_size_ticketed_attention_and_out_proj_match_the_definition(dtype):
+    # the v3 table with the out-projection's tiles in the attention's launch (out_tickets, attn_out off): its
+    # tiles wait on the row block's heads across programs, so this is the real test of its counters
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    mk = importlib.import_module(MODULE)
+    table = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
+    on = dataclasses.replace(table, attn_out=False, out_tickets=True)
+    check_against_definition_and_alone(functools.partial(mk.decode_stack_mma, config=on), dtype)
+
+
+def check_against_definition_and_alone(stack, dtype) -> None:
+    """20 rows (two row blocks) of full-size random weights: the stack against the torch definition, and
+    bitwise run to run, a row alone (smaller bucket) and at another place in another batch."""
     lengths = torch.tensor([730, 0, 1023, 300, 17, 511, 64, 65, 1, 900, 5, 640, 128, 129, 33, 700, 450, 2, 999, 256],
                            device="cuda")  # fmt: skip
     n_rows = lengths.numel()  # two row blocks of 16

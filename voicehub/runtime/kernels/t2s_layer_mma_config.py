@@ -60,6 +60,11 @@ class MmaConfig:
     # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
     # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
+    # the out-projection's tiles in the attention kernel's launch (`t2s_attn_out_ticket_triton`, needs prenorm,
+    # attn_out off, out_splits 1): programs take tickets, the (row, head) attentions first, then a tile per
+    # (row block, block_n outputs) that waits for its row block's heads, multiplies as the out-proj kernel
+    # does and normalises the row block once (LN1 -> x_ffn); W_o read once a row block, not once a (row, head)
+    out_tickets: bool = False
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
@@ -83,6 +88,10 @@ class MmaConfig:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
+        if self.out_tickets and (self.attn_out or not self.prenorm or self.out_splits != 1):
+            raise ValueError(
+                "MmaConfig.out_tickets needs prenorm, attn_out off and out_splits 1 (its tiles store LN1)"
+            )
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         if self.gemm_stages < 1 or self.attn_stages < 1:
