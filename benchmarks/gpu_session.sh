@@ -103,6 +103,19 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py tests/test_kernels_t2s_layer_mma_gpu.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
         --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-240}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
+    # session 31: the ticketed attention + out-projection (MmaConfig.out_tickets, off in the table): its GPU tests
+    # (and the table's bucket change's), the row probe against the table and attn_out off, then the engine with
+    # the table and with the change on one machine (~7 min in all)
+    outtickets) step out-tickets-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/test_kernels_t2s_layer_mma_gpu.py -k "ticketed or bucket_change" \
+      && step out-tickets-probe 120 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
+        --variants "chain;chain attn_out=False;chain attn_out=False out_tickets=True" \
+        --out "$OUT/t2s_rows_probe_out_tickets${SUFFIX:-}.json" \
+      && for name in table out_tickets; do
+        change=""; [ "$name" = out_tickets ] && change="--mma-change=attn_out=false,out_tickets=true"
+        step "engine-$name" 150 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
+          --no-sync-count $change --out "$OUT/t2s_batch_triton${SUFFIX:-}_$name.json"
+      done ;;
     # session 12: the many-row stack at 64 rows as one chain, PDL on/off, attn_out on/off (PROBE_GROUPS=2,4: row
     # groups on parallel streams); PROBE_NCU=1: then ncu's time of every kernel of one eager step at 1 and 64 rows
     rowsprobe) step t2s-rows-probe "${PROBE_LIMIT:-300}" python3 benchmarks/t2s_rows_probe.py \
