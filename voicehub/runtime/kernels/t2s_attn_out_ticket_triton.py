@@ -27,8 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
+from voicehub.runtime.kernels.t2s_ffn_ticket_triton import _DONE, _READY, _TICKET
 from voicehub.runtime.kernels.t2s_layer import LayerWeights
-from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import _attend_tiles, attn_span, kv_policy
+from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import (
+    _attend_block,
+    _block_is_last,
+    attn_span,
+    kv_policy,
+)
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import _a_dot, _linear_tail, _signal_stored, _w_chunk
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch, _merge_blocks
 
@@ -36,8 +42,6 @@ if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
     from voicehub.runtime.kernels.t2s_layer_mma_triton import Scratch
 
-# sync's layout: the ticket, the programs ended, then a ready counter per row block
-_TICKET, _DONE, _READY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 # the kernel's num_stages: the out-projection tile's K loop unpipelined (v3: one chunk after the peeled one),
 # so the launch holds 24 KB of shared memory a program, not 48 (sm_90), and as many attention programs fit
 # an SM; the attention's tile loop sets its own depth (attn_stages)
@@ -54,8 +58,7 @@ def _attend_item(
     # ticket t -> (row b, head h, block split), the block fastest: the attention kernel's program (split,
     # h, b) without the out-projection; the program that stores the head's output counts it on b's row block
     b, h, split = t // (N_HEAD * n_splits), (t // n_splits) % N_HEAD, t % n_splits
-    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
-    m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
+    m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
                                   svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
     dims = tl.arange(0, DH)
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
@@ -63,16 +66,12 @@ def _attend_item(
     if SPLITS == 1:  # one block covers the whole cache: no partials, no merge
         tl.store(out, (acc / denom).to(dtype), mask=dims < HEAD_DIM)
         _signal_stored(ready_ptr + b // BLOCK_M, True)
-    else:
-        base = (b * N_HEAD + h) * SPLITS
-        tl.store(part_ptr + (base + split) * DH + dims, acc)
-        tl.store(m_ptr + base + split, m)
-        tl.store(l_ptr + base + split, denom)
-        tl.debug_barrier()  # every thread's partial is written before the counter says so
-        if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
-            tl.store(out, a.to(dtype), mask=dims < HEAD_DIM)
-            _signal_stored(ready_ptr + b // BLOCK_M, True)
+    elif _block_is_last(
+        m, denom, acc, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_splits, N_HEAD, DH, SPLITS
+    ):
+        a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS)
+        tl.store(out, a.to(dtype), mask=dims < HEAD_DIM)
+        _signal_stored(ready_ptr + b // BLOCK_M, True)
 
 
 @triton.jit
@@ -129,7 +128,8 @@ def _attn_out_ticket_kernel(
 
 
 def out_sync_scratch(n_rows: int, cfg: MmaConfig, device: torch.device) -> torch.Tensor:
-    """The ticket, ended and per-row-block ready counters (int32, zeroed: each call leaves them at 0); a
+    """The ticket, ended and per-row-block ready counters (int32, the ticketed FFN's layout: _TICKET, _DONE,
+    then from _READY; zeroed, each call leaves them at 0); a
     placeholder without cfg.out_tickets (no memset joins the step's graph)."""
     if not cfg.out_tickets:
         return torch.empty(1, device=device, dtype=torch.int32)

@@ -71,6 +71,19 @@ def _attend_tiles(
 
 
 @triton.jit
+def _attend_block(
+    q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks, svb, svh, svs,
+    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    # block `split` (TILES tiles of BLOCK_S slots) of head h of row b, over the row's slots below its length
+    # + 1 (within the bucket's n_slots): `_attend_tiles`' (m, sum, values)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
+    return _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks, svb,
+                         svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
     wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps,
@@ -85,8 +98,7 @@ def _attention_kernel(
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
-    m, denom, acc = _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks,
+    m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
                                   svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
     dims = tl.arange(0, DH)
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
@@ -98,20 +110,30 @@ def _attention_kernel(
                            eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
         else:
             tl.store(out, a, mask=dims < HEAD_DIM)
-    else:
-        # the blocks' partials, then the last of a (row, head) to finish merges them (`_merge_blocks`)
-        base = (b * N_HEAD + h) * SPLITS
-        tl.store(part_ptr + (base + split) * DH + dims, acc)
-        tl.store(m_ptr + base + split, m)
-        tl.store(l_ptr + base + split, denom)
-        tl.debug_barrier()  # every thread's partial is written before the counter says so
-        if tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1:
-            a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
-            if OUT:
-                _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h,
-                               dim, eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
-            else:
-                tl.store(out, a, mask=dims < HEAD_DIM)
+    elif _block_is_last(
+        m, denom, acc, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_splits, N_HEAD, DH, SPLITS
+    ):
+        a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
+        if OUT:
+            _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
+                           eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
+        else:
+            tl.store(out, a, mask=dims < HEAD_DIM)
+
+
+@triton.jit
+def _block_is_last(
+    m, denom, acc, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_splits,
+    N_HEAD: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    # this block's partials (m, sum, values) stored; True in the last of the (row, head)'s blocks to finish,
+    # which merges them (`_merge_blocks`)
+    base = (b * N_HEAD + h) * SPLITS
+    tl.store(part_ptr + (base + split) * DH + tl.arange(0, DH), acc)
+    tl.store(m_ptr + base + split, m)
+    tl.store(l_ptr + base + split, denom)
+    tl.debug_barrier()  # every thread's partial is written before the counter says so
+    return tl.atomic_add(count_ptr + b * N_HEAD + h, 1, sem="acq_rel") == n_splits - 1
 
 
 @triton.jit
