@@ -33,7 +33,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     tests) step gpu-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -l "mark.gpu" tests/test_*.py) ;;
     # the tests of this session's new GPU code only (fits beside t2s and evidence in one call)
     newtests) step gpu-tests-new 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_sample_step.py \
-      tests/test_kernels_t2s_layer.py tests/test_gpt_sovits_serving_gpu.py tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py ;;
+      tests/test_kernels_t2s_layer.py tests/test_gpt_sovits_serving_gpu.py tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_streaming_vocoder.py ;;
     # issue 5 (benchmarks/optimization_evidence.py): the full-size random set is made once (~27 s).
     evidence) v3full && step gpt-evidence 150 python3 benchmarks/optimization_evidence.py --parts gpt-evidence \
       --set /tmp/v3full --reps 3 --install-evidence --out "$OUT" ;;
@@ -76,7 +76,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # its winner checked at 16 and 128 rows; prints the CONFIGS line that applies it
     # session 5: the padded graph prefill, window-aligned decode_iter, and the mma stack's GPU tests
     prefilltests) step prefill-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_t2s_prefill.py \
-      tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
+      tests/test_t2s_runner.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_streaming_vocoder.py tests/test_gpt_sovits_serving_gpu.py ;;
     cfmkernels) step cfm-kernels 120 python3 benchmarks/acoustic_bench.py --parts cfm_kernels --out "$OUT/cfm_kernels_h200.json" ;;
     # the per-sentence path's new-length cost with the fused DiT ops: eager DiT forwards at new lengths
     ditprobe) step dit-probe 150 python3 benchmarks/dit_length_probe.py --out "$OUT/dit_length_probe_h200.json" ;;
@@ -91,12 +91,12 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     graphtests) step graph-tests "${GRAPHTESTS_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/test_cuda_graphs.py tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_decoder.py \
       tests/test_gpt_sovits_encoder_graphs.py tests/test_gpt_sovits_gpu.py tests/test_gpt_sovits_serving_gpu.py \
-      tests/test_gpt_sovits_streaming.py tests/test_t2s_prefill.py tests/test_t2s_runner.py tests/test_t2s_row_engine.py \
+      tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_streaming_vocoder.py tests/test_t2s_prefill.py tests/test_t2s_runner.py tests/test_t2s_row_engine.py \
       tests/test_t2s_batching.py tests/test_optimization_gpt_sovits.py tests/test_gpt_sovits_meta_build.py ;;
     # session 9: masked BigVGAN window graphs (the per-sentence path, a streamed sentence's last window), their
     # GPU tests, then the per-sentence path's new-length cost in one in-process profile (no startup children)
     sentencetests) step sentence-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_gpt_sovits_sentence_graphs.py tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_streaming.py ;;
+      tests/test_gpt_sovits_sentence_graphs.py tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_streaming_vocoder.py ;;
     sentence) step e2e-sentence "${SENTENCE_LIMIT:-300}" python3 benchmarks/e2e_bench.py --profiles triton --reps 1 \
       --windows 25,none --skip-startup --out "$OUT/e2e_sentence_h200.json" ;;
     dittests) step dit-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_dit.py ;;
@@ -144,7 +144,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       --out "$OUT/t2s_batch_triton_h200.json" ;;
     # the streaming path's CFM/vocoder graphs (acoustic_graphs.py), the streamed path and the engine on CUDA
     acoustictests) step acoustic-tests 110 python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_serving_gpu.py ;;
+      tests/test_gpt_sovits_acoustic_graphs_gpu.py tests/test_gpt_sovits_streaming.py tests/test_gpt_sovits_streaming_vocoder.py tests/test_gpt_sovits_serving_gpu.py ;;
     # the target level (64) and one below it, when a call has no room for every level
     streams64) step streams 170 python3 benchmarks/streams_bench.py --levels 16,64 --duration 8 --drain 8 \
       --budget-s 150 --out "$OUT/streams_h200.json" ;;

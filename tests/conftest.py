@@ -13,6 +13,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Helper modules that hold asserts moved out of test modules (not named test_*): pytest rewrites their
+# asserts as it does the tests', so a failing check there still shows its values.
+pytest.register_assert_rewrite("t2s_layer_inputs", "gpt_sovits_streaming_fixtures")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _offline_and_private_cache(tmp_path_factory: pytest.TempPathFactory):

@@ -1,57 +1,33 @@
-"""Sub-sentence streaming of GPT-SoVITS v3 (streaming.py) on the tiny `make-checkpoint` set, CPU.
+"""Sub-sentence streaming of GPT-SoVITS v3 (streaming.py) through the pipeline, on the tiny
+`make-checkpoint` set, CPU.
 
-Vocoder chunking is held to one-shot vocoding of the same mel (SNR); joins are measured with the click
-meter on tonal mel; the streamed chain is held to the per-sentence path's length, yields its first chunk
-before the sentence's later windows go through the CFM or the vocoder (and before T2S has decoded it),
-and makes that chunk >= 0.25 s. Both T2S paths stream: the eager reference step by step, and the
-static/graph decoder's `decode_iter` (here its eager twin, preset off), which gives the same audio.
+The streamed chain is held to the per-sentence path's length, yields its first chunk before the
+sentence's later windows go through the CFM or the vocoder (and before T2S has decoded it), and makes
+that chunk >= 0.25 s. Both T2S paths stream: the eager reference step by step, and the static/graph
+decoder's `decode_iter` (here its eager twin, preset off), which gives the same audio. GPU tests (marker
+`gpu`) stream on CUDA. The vocoder's chunking and the token windows are in
+test_gpt_sovits_streaming_vocoder.py.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from itertools import islice
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
-import torch.nn.functional as F
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set, write_signal  # noqa: F401
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_streaming_fixtures import MIN_SNR_DB, SR, model, snr_db, stream_mel, voice  # noqa: F401 (fixtures)
 
-from voicehub.audio.fades import max_join_jump
-from voicehub.audio.mel import V3_MEL, MelSpectrogram
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import vocode
 from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.models.gpt_sovits.pipeline import Pipeline, sentence_seed
-from voicehub.models.gpt_sovits.streaming import (
-    MAX_WINDOW_TOKENS,
-    MIN_FIRST_S,
-    VocoderStream,
-    decode_steps,
-    stepwise_windows,
-    window_ends,
-)
+from voicehub.models.gpt_sovits.streaming import MIN_FIRST_S, decode_steps
 from voicehub.models.gpt_sovits.t2s import StaticDecodeConfig, StopReason, decode
 from voicehub.models.gpt_sovits.t2s.runner import T2SGraphDecoder
 from voicehub.text.options import Language
-
-SR = 24000
-MIN_SNR_DB = 30.0  # issue 4: joined vocoder output vs one-shot vocoding
-MAX_JUMP = 3.0  # issue 4: largest step at a join / median step of the surrounding 20 ms
-
-
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
-@pytest.fixture(scope="module")
-def voice(reference_wav):  # noqa: F811
-    return Voice(reference_wav, REFERENCE_TEXT, "en")
 
 
 def with_static_decoder(pipe: Pipeline, t2s=None) -> Pipeline:
@@ -66,120 +42,8 @@ def with_static_decoder(pipe: Pipeline, t2s=None) -> Pipeline:
 
 
 @pytest.fixture(scope="module")
-def static_pipe(model) -> Pipeline:
+def static_pipe(model) -> Pipeline:  # noqa: F811
     return with_static_decoder(model.pipeline)
-
-
-@pytest.fixture(scope="module")
-def tonal_mel(tmp_path_factory) -> torch.Tensor:
-    """Log-mel [1, 100, T] of 2 s of harmonics of 140 Hz (tonal content for the click meter)."""
-    path = write_signal(tmp_path_factory.mktemp("tonal") / "tone.wav", 2.0)
-    wav, rate = sf.read(path, dtype="float32")
-    assert rate == SR
-    return MelSpectrogram(V3_MEL)(torch.from_numpy(wav)[None])
-
-
-def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(ref**2) / np.sum((ref - test) ** 2)))
-
-
-def _stream_mel(vocoder, mel: torch.Tensor, sizes: list[int]) -> tuple[np.ndarray, list[int]]:
-    voc = VocoderStream(vocoder)
-    pieces, start = [], 0
-    for k, n in enumerate(sizes):
-        pieces.append(voc.push(mel[:, :, start : start + n], is_last=k == len(sizes) - 1))
-        start += n
-    assert start == mel.shape[2]
-    return np.concatenate(pieces), voc.joiner.joins
-
-
-@pytest.mark.parametrize("sizes", [[40, 40, 40, 40, 27], [100, 7, 7, 7, 66], [60, 127]])
-def test_vocoder_chunks_match_one_shot(model, tonal_mel, sizes):
-    vocoder = model.pipeline.vocoder
-    mel = tonal_mel[:, :, : sum(sizes)]
-    whole = vocode(vocoder, mel)[0].float().numpy()
-    joined, joins = _stream_mel(vocoder, mel, sizes)
-    assert joined.shape == whole.shape  # exact length
-    assert len(joins) >= 1
-    assert _snr_db(whole, joined) >= MIN_SNR_DB
-
-
-def test_vocoder_joins_do_not_click(model, tonal_mel):
-    vocoder = model.pipeline.vocoder
-    joined, joins = _stream_mel(vocoder, tonal_mel[:, :, :180], [30, 30, 30, 30, 30, 30])
-    assert len(joins) >= 3
-    jumps = max_join_jump(joined, joins, SR)
-    assert np.all(jumps <= MAX_JUMP), jumps
-
-
-class ToneVocoder(torch.nn.Module):
-    """A translation-equivariant stand-in with tonal output: mel channel 0 (+ 12: positive) held per frame,
-    smoothed by a lopsided 512-sample mean (384 samples of left context, 127 of right, zero-padded like a
-    conv vocoder's edges), times a 187.5 Hz sine whose 128-sample period divides the hop, so a chunk
-    vocoded from any frame lines up. The tiny random BigVGAN's output is noise-like, where the click
-    meter says little; the lopsided window makes an edge without context a step, as a real vocoder's can."""
-
-    conf = SimpleNamespace(hop_size=256, sampling_rate=SR)
-
-    def __init__(self):
-        super().__init__()
-        self.conv_pre = torch.nn.Conv1d(1, 1, 1)  # only its dtype and device are read (vocode)
-
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        # mel: [1, 100, T] -> [1, 1, T * 256]
-        held = (mel[:, :1] + 12).repeat_interleave(256, dim=2)
-        envelope = F.conv1d(F.pad(held, (384, 127)), torch.full((1, 1, 512), 1 / 512))
-        n = torch.arange(envelope.shape[-1])
-        return 0.02 * envelope * torch.sin(2 * torch.pi * n / 128 + 1.3)  # joins fall near a crest
-
-
-def test_joins_do_not_click_on_tonal_output(tonal_mel):
-    vocoder = ToneVocoder()
-    mel = tonal_mel[:, :, :180]
-    sizes = [30] * 6
-    joined, joins = _stream_mel(vocoder, mel, sizes)
-    whole = vocode(vocoder, mel)[0].numpy()
-    assert _snr_db(whole, joined) >= MIN_SNR_DB
-    assert np.all(max_join_jump(joined, joins, SR) <= MAX_JUMP)
-    # The meter catches the naive way: each chunk vocoded alone and butted together.
-    naive = np.concatenate([vocode(vocoder, mel[:, :, i : i + 30])[0].numpy() for i in range(0, 180, 30)])
-    assert np.all(max_join_jump(naive, [256 * i for i in range(30, 180, 30)], SR) > MAX_JUMP)
-
-
-@pytest.mark.parametrize("n_frames", [3, 20])
-def test_short_mel_in_one_push_is_one_shot(model, tonal_mel, n_frames):
-    vocoder = model.pipeline.vocoder
-    mel = tonal_mel[:, :, :n_frames]  # 3 frames: one token, shorter than the cross-fade
-    audio = VocoderStream(vocoder).push(mel, is_last=True)
-    assert np.array_equal(audio, vocode(vocoder, mel)[0].float().numpy())
-
-
-def test_first_vocoder_chunk_is_long_enough(model, tonal_mel):
-    voc = VocoderStream(model.pipeline.vocoder)
-    assert len(voc.push(tonal_mel[:, :, :10])) == 0  # too short for the first chunk: held
-    first = voc.push(tonal_mel[:, :, 10:40])
-    assert len(first) >= MIN_FIRST_S * SR
-
-
-def test_windows_do_not_depend_on_batching():
-    tokens = torch.arange(37)
-    for chunk in (4, 12, 37, 40):
-        one_by_one = list(stepwise_windows(tokens.split(1), chunk))
-        for size in (3, 8, 16, 37):
-            windows = list(stepwise_windows(tokens.split(size), chunk))
-            assert [(w.tolist(), f) for w, f in windows] == [(w.tolist(), f) for w, f in one_by_one]
-        ends = [len(w) for w, _ in one_by_one]
-        assert ends == [*(e for e in islice(window_ends(chunk), 10) if e <= 37), 37]
-        assert [f for _, f in one_by_one][-1] and not any(f for _, f in one_by_one[:-1])
-
-
-def test_windows_double_after_the_first_up_to_the_largest():
-    assert list(islice(window_ends(25), 6)) == [25, 75, 175, 275, 375, 475]  # 25, 50, 100, 100, ...
-    assert list(islice(window_ends(4, largest=10), 5)) == [4, 12, 22, 32, 42]
-    assert list(islice(window_ends(120), 3)) == [120, 240, 360]  # a first window over the largest stays
-    assert list(islice(window_ends(25), 3))[-1] == MAX_WINDOW_TOKENS + 75
-    with pytest.raises(ValueError, match="window"):
-        next(window_ends(0))
 
 
 def _params(**values) -> GptSovitsParams:
@@ -187,7 +51,7 @@ def _params(**values) -> GptSovitsParams:
 
 
 @pytest.mark.parametrize("speed, n_tokens", [(1.0, 60), (1.3, 60), (1.0, 1)])
-def test_streamed_sentence_has_per_sentence_length(model, voice, speed, n_tokens):
+def test_streamed_sentence_has_per_sentence_length(model, voice, speed, n_tokens):  # noqa: F811
     text = "A longer sentence for the stream. And a second one."
     values = dict(voice=voice, seed=5, speed=speed, force_n_tokens=n_tokens, pause_s=0.1)
     whole = list(model.stream(text, **values))
@@ -216,7 +80,7 @@ class _Counter:
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
-def test_first_chunk_before_rest_of_sentence(model, static_pipe, voice, path):
+def test_first_chunk_before_rest_of_sentence(model, static_pipe, voice, path):  # noqa: F811
     pipe = model.pipeline if path == "eager" else static_pipe
     ref = pipe.reference(voice)
     sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
@@ -263,7 +127,7 @@ def eos_likely(t2s, bias: float = 4.0):
         (dict(eos_bias=True, max_new_tokens=120, stream_chunk_tokens=4), StopReason.EOS),
     ],
 )
-def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect):
+def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect):  # noqa: F811
     """decode_iter's windows give the eager step-wise stream's audio, sample for sample (CPU, fp32)."""
     values = dict(values)
     pipe = model.pipeline
@@ -294,7 +158,7 @@ def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect)
         assert sum(len(c.audio) for c in got) == sum(len(c.audio) for c in whole)
 
 
-def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice, caplog):
+def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice, caplog):  # noqa: F811
     """A stream suspended mid-sentence holds the graph decoder; a second stream on the same thread decodes
     eagerly (logged) instead of waiting for itself, and closing the first frees the decoder."""
     params = GptSovitsParams.build(  # windows end at 8, 24, 56: the first chunk leaves at 24 of 40 tokens
@@ -330,7 +194,7 @@ def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice,
         dict(eos_bias=True, expect="eos"),  # EOS made likely: a stop on EOS
     ],
 )
-def test_stepwise_decode_gives_eager_tokens(model, voice, values):
+def test_stepwise_decode_gives_eager_tokens(model, voice, values):  # noqa: F811
     values = dict(values)
     expect = values.pop("expect")
     pipe = model.pipeline
@@ -354,14 +218,6 @@ def test_stepwise_decode_gives_eager_tokens(model, voice, values):
     assert seen == {expect}
 
 
-def test_stream_chunk_tokens_is_validated():
-    with pytest.raises(ValueError, match="stream_chunk_tokens"):
-        GptSovitsParams.build("balanced", stream_chunk_tokens=2)
-    with pytest.raises(ValueError, match="stream_chunk_tokens"):
-        GptSovitsParams.build("balanced", stream_chunk_tokens=True)
-    assert GptSovitsParams.build("balanced").stream_chunk_tokens is None
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "preset", ["off", "lazy", "full"]
@@ -369,8 +225,8 @@ def test_stream_chunk_tokens_is_validated():
 def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, preset):  # noqa: F811
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    model = load(tiny_set, device="cuda", cuda_graph_preset=preset)  # float16 by default on CUDA
-    voice = Voice(reference_wav, REFERENCE_TEXT, "en")
+    model = load(tiny_set, device="cuda", cuda_graph_preset=preset)  # float16 by default on CUDA  # noqa: F811
+    voice = Voice(reference_wav, REFERENCE_TEXT, "en")  # noqa: F811
     values = dict(voice=voice, seed=5, speed=1.0, force_n_tokens=60, how_to_cut="none")
     whole = model.generate("One sentence on the GPU.", **values).audio
     decoder = model.pipeline.t2s_decoder
@@ -394,12 +250,12 @@ def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, p
     assert streamed.shape == whole.shape and np.isfinite(streamed).all()
     mel = torch.randn(1, 100, 150, device="cuda") - 6  # vocoder chunking alone, in fp16
     one_shot = vocode(model.pipeline.vocoder, mel)[0].float().cpu().numpy()
-    joined, _ = _stream_mel(model.pipeline.vocoder, mel, [40, 40, 40, 30])
-    assert _snr_db(one_shot, joined) >= MIN_SNR_DB
+    joined, _ = stream_mel(model.pipeline.vocoder, mel, [40, 40, 40, 30])
+    assert snr_db(one_shot, joined) >= MIN_SNR_DB
 
 
 @pytest.mark.parametrize("path", ["stream", "engine_rows"])
-def test_eager_encoder_runs_without_cudnn(model, voice, monkeypatch, path):
+def test_eager_encoder_runs_without_cudnn(model, voice, monkeypatch, path):  # noqa: F811
     """The eager SoVITS encoder calls at shapes no graph holds (the streamed chain without graphs, the
     stream engine's eager rows) run every convolution through `aten_convolutions` (on CUDA: no cuDNN
     plan per new shape), with the same output; the CFM's DiT and BigVGAN keep cuDNN (ATen is slower

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_kernels_t2s_layer import N_SLOTS, stack_inputs
+from t2s_layer_inputs import N_SLOTS, stack_inputs
 from test_kernels_t2s_layer_mma import BLOCKS, LENGTHS, SPLITS
 from test_kernels_t2s_layer_mma import mk as interpreted_stack
 

@@ -15,8 +15,7 @@ import sys
 
 import pytest
 import torch
-from test_kernels import rel_l2
-from test_kernels_t2s_layer import (
+from t2s_layer_inputs import (
     MAX_SLOTS,
     N_SLOTS,
     SHAPE,
@@ -25,6 +24,7 @@ from test_kernels_t2s_layer import (
     stack_inputs,
     weights_as,
 )
+from test_kernels import rel_l2
 
 from voicehub.models.gpt_sovits.t2s.checkpoint import load_t2s
 from voicehub.models.gpt_sovits.t2s.decode import T2SSamplingParams, decode

@@ -12,7 +12,7 @@ import importlib
 
 import pytest
 import torch
-from test_kernels_t2s_layer import FULL, check_full_size_stack, random_weights
+from t2s_layer_inputs import FULL, check_full_size_stack, random_weights
 from test_kernels_t2s_layer_mma import MODULE
 
 from voicehub.runtime.kernels import registry
