@@ -3,8 +3,8 @@
 CPU: CUDA graphs need CUDA, so a stand-in runner (the `captured` fixture) "captures" by running the step
 once and keeping its outputs, and "replays" by running the step again into those same tensors (a real
 graph's static-output semantics: a caller that keeps the output without copying it sees it change).
-Test modules import these fixtures by name, and with them gpt_sovits_fixtures' `tiny_set` and
-`reference_wav` that `model` and `voice` use: pytest looks a fixture up in the test's own module.
+Test modules import `captured` by name (pytest looks a fixture up in the test's own module); the tiny
+set's `model` and `voice` come from conftest.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
 
-from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
 from voicehub.models.gpt_sovits.pipeline import Pipeline
 from voicehub.runtime import cuda_graphs
@@ -23,16 +21,6 @@ from voicehub.runtime.cuda_graphs import BucketedGraphRunner
 
 ATOL = 2e-5  # fp32: the padded, masked piece reorders a few sums
 CUDA = torch.device("cuda")  # what the graphs are told; the stand-in never touches it
-
-
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
-@pytest.fixture(scope="module")
-def voice(reference_wav):  # noqa: F811
-    return Voice(reference_wav, REFERENCE_TEXT, "en")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
 
 # Without a GPU, Triton kernels run only in Triton's interpreter, and @triton.jit (and Triton's own
 # standard library) read TRITON_INTERPRET when first imported: set it before any test imports them.
@@ -39,3 +40,19 @@ def transcriber():
     from voicehub.bench.asr import Transcriber
 
     return Transcriber("base")
+
+
+@pytest.fixture(scope="module")
+def model(tiny_set):  # noqa: F811
+    """The tiny GPT-SoVITS v3 set loaded by `load`, once per test module (some tests change the model)."""
+    from voicehub.models.gpt_sovits import load
+
+    return load(tiny_set)
+
+
+@pytest.fixture(scope="module")
+def voice(reference_wav):  # noqa: F811
+    """The GPT-SoVITS voice of the reference clip and REFERENCE_TEXT, in English, once per test module."""
+    from voicehub.models.gpt_sovits import Voice
+
+    return Voice(reference_wav, REFERENCE_TEXT, "en")

@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from acoustic_graphs_fakes import captured, graphs_of, model, stream_audio, voice  # noqa: F401 (fixtures)
-from gpt_sovits_fixtures import reference_wav, tiny_set  # noqa: F401 (fixtures that model and voice use)
+from acoustic_graphs_fakes import captured, graphs_of, stream_audio  # noqa: F401 (fixture: captured)
 
 from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, cfm_frame_buckets
 from voicehub.models.gpt_sovits.batch_acoustic import CfmRows, VocoderRows
@@ -29,7 +28,7 @@ from voicehub.models.gpt_sovits.window_shapes import feature_frames
 from voicehub.text.options import Language
 
 
-def test_feature_frames_is_decode_encps_length(model, voice):  # noqa: F811
+def test_feature_frames_is_decode_encps_length(model, voice):
     pipe = model.pipeline
     ref = pipe.reference(voice)
     phones = torch.tensor([ref.phone_ids])
@@ -39,7 +38,7 @@ def test_feature_frames_is_decode_encps_length(model, voice):  # noqa: F811
             assert fea.shape[2] == feature_frames(n, speed), (n, speed)
 
 
-def test_load_time_shapes_per_preset(model):  # noqa: F811
+def test_load_time_shapes_per_preset(model):
     shapes = {p: graphs_of(model.pipeline, p).load_time_shapes(None) for p in ("full", "minimal", "lazy")}
     assert shapes["lazy"] == ([], [])
     full_cfm, full_voc = shapes["full"]
@@ -104,7 +103,7 @@ def _sentence_shapes(n_tokens: int, speed: float, hop: int, sample_rate: int) ->
     return pieces, lengths
 
 
-def test_engine_start_sets_hold_every_shape_of_a_sentence(model):  # noqa: F811
+def test_engine_start_sets_hold_every_shape_of_a_sentence(model):
     """With `full`, every CFM piece and vocoder window of a sentence of 1-500 tokens at the load speeds
     (a reference of 5 s or more) has its graph captured when the engine starts (windows off the grid: the
     masked one-row graphs): none is captured inside a round, where it would stall every stream."""

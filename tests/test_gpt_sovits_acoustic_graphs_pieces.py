@@ -13,8 +13,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from acoustic_graphs_fakes import ATOL, CUDA, captured, graphs_of, model, random_piece  # noqa: F401 (fixtures)
-from gpt_sovits_fixtures import tiny_set  # noqa: F401 (the fixture model uses)
+from acoustic_graphs_fakes import ATOL, CUDA, captured, graphs_of, random_piece  # noqa: F401 (fixture)
 
 from voicehub.models.gpt_sovits.acoustic_graphs import (
     AcousticGraphs,
@@ -28,7 +27,7 @@ from voicehub.models.gpt_sovits.cfm.schedule import dyadic_steps
 from voicehub.models.gpt_sovits.cfm.solver import solve_padded
 
 
-def test_graphs_only_on_cuda_with_a_capturing_preset(model):  # noqa: F811
+def test_graphs_only_on_cuda_with_a_capturing_preset(model):
     est, voc = model.pipeline.sovits.cfm.estimator, model.pipeline.vocoder
     assert build_acoustic_graphs(est, voc, "full", torch.device("cpu")) is None
     assert build_acoustic_graphs(est, voc, "off", CUDA) is None
@@ -50,7 +49,7 @@ def test_padded_piece_equals_the_unpadded_solve(model, captured, n, p):  # noqa:
     assert out[:, :, :p].abs().max() == 0  # the prompt frames, as solve leaves them
 
 
-def test_padding_does_not_leak_into_valid_frames(model):  # noqa: F811
+def test_padding_does_not_leak_into_valid_frames(model):
     # The claim the buckets rest on, without the graph cache: garbage in the padding changes nothing.
     est = model.pipeline.sovits.cfm.estimator
     mu, prompt, noise = random_piece(est, 40, 16, seed=1)

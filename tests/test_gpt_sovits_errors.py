@@ -14,16 +14,6 @@ from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.reference import ReferenceAudioError
 
 
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
-@pytest.fixture(scope="module")
-def voice(reference_wav):  # noqa: F811
-    return Voice(reference_wav, REFERENCE_TEXT, "en")
-
-
 def _explicit(tiny_set, **paths):  # noqa: F811
     files = dict(gpt_path=tiny_set / "gpt.ckpt", sovits_path=tiny_set / "sovits.pth")
     return load(None, pretrained_dir=tiny_set / "pretrained_models", **{**files, **paths})

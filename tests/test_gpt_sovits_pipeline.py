@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT, tiny_set  # noqa: F401 (fixture)
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.params import GptSovitsParams
@@ -19,16 +19,6 @@ from voicehub.text.options import Language
 
 SR = 24000
 EXACT = dict(speed=1.0, force_n_tokens=8)  # speed 1.0: one token is exactly 960 samples
-
-
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
-@pytest.fixture(scope="module")
-def voice(reference_wav):  # noqa: F811
-    return Voice(reference_wav, REFERENCE_TEXT, "en")
 
 
 def _params(**values) -> GptSovitsParams:

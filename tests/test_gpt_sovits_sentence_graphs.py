@@ -27,11 +27,6 @@ from voicehub.text.options import Language
 HOP = 256
 
 
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
 def _mel(frames: int, seed: int) -> torch.Tensor:
     return torch.randn(1, 100, frames, generator=torch.Generator().manual_seed(seed)) - 6
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from acoustic_graphs_fakes import captured  # noqa: F401 (fixture: the stand-in graph runner)
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
+from gpt_sovits_fixtures import tiny_set  # noqa: F401 (fixture)
 
 from voicehub.errors import InvalidTextError
 from voicehub.models.gpt_sovits import Voice, load
@@ -40,16 +40,6 @@ CANCELLED = (
     "One more thing. And another.",
     dict(seed=5, force_n_tokens=8, stream_chunk_tokens=4, sample_steps=2),
 )
-
-
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
-@pytest.fixture(scope="module")
-def voice(reference_wav):  # noqa: F811
-    return Voice(reference_wav, REFERENCE_TEXT, "en")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
-from gpt_sovits_streaming_fixtures import MIN_SNR_DB, SR, model, snr_db, stream_mel, voice  # noqa: F401 (fixtures)
+from gpt_sovits_streaming_fixtures import MIN_SNR_DB, SR, snr_db, stream_mel
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import vocode
@@ -42,7 +42,7 @@ def with_static_decoder(pipe: Pipeline, t2s=None) -> Pipeline:
 
 
 @pytest.fixture(scope="module")
-def static_pipe(model) -> Pipeline:  # noqa: F811
+def static_pipe(model) -> Pipeline:
     return with_static_decoder(model.pipeline)
 
 
@@ -51,7 +51,7 @@ def _params(**values) -> GptSovitsParams:
 
 
 @pytest.mark.parametrize("speed, n_tokens", [(1.0, 60), (1.3, 60), (1.0, 1)])
-def test_streamed_sentence_has_per_sentence_length(model, voice, speed, n_tokens):  # noqa: F811
+def test_streamed_sentence_has_per_sentence_length(model, voice, speed, n_tokens):
     text = "A longer sentence for the stream. And a second one."
     values = dict(voice=voice, seed=5, speed=speed, force_n_tokens=n_tokens, pause_s=0.1)
     whole = list(model.stream(text, **values))
@@ -80,7 +80,7 @@ class _Counter:
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
-def test_first_chunk_before_rest_of_sentence(model, static_pipe, voice, path):  # noqa: F811
+def test_first_chunk_before_rest_of_sentence(model, static_pipe, voice, path):
     pipe = model.pipeline if path == "eager" else static_pipe
     ref = pipe.reference(voice)
     sentence = pipe.text_features("One sentence, streamed in windows.", Language.EN)
@@ -127,7 +127,7 @@ def eos_likely(t2s, bias: float = 4.0):
         (dict(eos_bias=True, max_new_tokens=120, stream_chunk_tokens=4), StopReason.EOS),
     ],
 )
-def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect):  # noqa: F811
+def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect):
     """decode_iter's windows give the eager step-wise stream's audio, sample for sample (CPU, fp32)."""
     values = dict(values)
     pipe = model.pipeline
@@ -158,7 +158,7 @@ def test_static_decoder_stream_equals_eager_stream(model, voice, values, expect)
         assert sum(len(c.audio) for c in got) == sum(len(c.audio) for c in whole)
 
 
-def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice, caplog):  # noqa: F811
+def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice, caplog):
     """A stream suspended mid-sentence holds the graph decoder; a second stream on the same thread decodes
     eagerly (logged) instead of waiting for itself, and closing the first frees the decoder."""
     params = GptSovitsParams.build(  # windows end at 8, 24, 56: the first chunk leaves at 24 of 40 tokens
@@ -194,7 +194,7 @@ def test_streams_interleaved_on_one_thread_share_the_decoder(static_pipe, voice,
         dict(eos_bias=True, expect="eos"),  # EOS made likely: a stop on EOS
     ],
 )
-def test_stepwise_decode_gives_eager_tokens(model, voice, values):  # noqa: F811
+def test_stepwise_decode_gives_eager_tokens(model, voice, values):
     values = dict(values)
     expect = values.pop("expect")
     pipe = model.pipeline
@@ -225,8 +225,8 @@ def test_stepwise_decode_gives_eager_tokens(model, voice, values):  # noqa: F811
 def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, preset):  # noqa: F811
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    model = load(tiny_set, device="cuda", cuda_graph_preset=preset)  # float16 by default on CUDA  # noqa: F811
-    voice = Voice(reference_wav, REFERENCE_TEXT, "en")  # noqa: F811
+    model = load(tiny_set, device="cuda", cuda_graph_preset=preset)  # float16 by default on CUDA
+    voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     values = dict(voice=voice, seed=5, speed=1.0, force_n_tokens=60, how_to_cut="none")
     whole = model.generate("One sentence on the GPU.", **values).audio
     decoder = model.pipeline.t2s_decoder
@@ -255,7 +255,7 @@ def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, p
 
 
 @pytest.mark.parametrize("path", ["stream", "engine_rows"])
-def test_eager_encoder_runs_without_cudnn(model, voice, monkeypatch, path):  # noqa: F811
+def test_eager_encoder_runs_without_cudnn(model, voice, monkeypatch, path):
     """The eager SoVITS encoder calls at shapes no graph holds (the streamed chain without graphs, the
     stream engine's eager rows) run every convolution through `aten_convolutions` (on CUDA: no cuDNN
     plan per new shape), with the same output; the CFM's DiT and BigVGAN keep cuDNN (ATen is slower

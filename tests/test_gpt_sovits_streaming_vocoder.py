@@ -16,8 +16,8 @@ import pytest
 import soundfile as sf
 import torch
 import torch.nn.functional as F
-from gpt_sovits_fixtures import tiny_set, write_signal  # noqa: F401 (the fixture model uses)
-from gpt_sovits_streaming_fixtures import MIN_SNR_DB, SR, model, snr_db, stream_mel  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import write_signal
+from gpt_sovits_streaming_fixtures import MIN_SNR_DB, SR, snr_db, stream_mel
 
 from voicehub.audio.fades import max_join_jump
 from voicehub.audio.mel import V3_MEL, MelSpectrogram
@@ -44,7 +44,7 @@ def tonal_mel(tmp_path_factory) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("sizes", [[40, 40, 40, 40, 27], [100, 7, 7, 7, 66], [60, 127]])
-def test_vocoder_chunks_match_one_shot(model, tonal_mel, sizes):  # noqa: F811
+def test_vocoder_chunks_match_one_shot(model, tonal_mel, sizes):
     vocoder = model.pipeline.vocoder
     mel = tonal_mel[:, :, : sum(sizes)]
     whole = vocode(vocoder, mel)[0].float().numpy()
@@ -54,7 +54,7 @@ def test_vocoder_chunks_match_one_shot(model, tonal_mel, sizes):  # noqa: F811
     assert snr_db(whole, joined) >= MIN_SNR_DB
 
 
-def test_vocoder_joins_do_not_click(model, tonal_mel):  # noqa: F811
+def test_vocoder_joins_do_not_click(model, tonal_mel):
     vocoder = model.pipeline.vocoder
     joined, joins = stream_mel(vocoder, tonal_mel[:, :, :180], [30, 30, 30, 30, 30, 30])
     assert len(joins) >= 3
@@ -97,14 +97,14 @@ def test_joins_do_not_click_on_tonal_output(tonal_mel):
 
 
 @pytest.mark.parametrize("n_frames", [3, 20])
-def test_short_mel_in_one_push_is_one_shot(model, tonal_mel, n_frames):  # noqa: F811
+def test_short_mel_in_one_push_is_one_shot(model, tonal_mel, n_frames):
     vocoder = model.pipeline.vocoder
     mel = tonal_mel[:, :, :n_frames]  # 3 frames: one token, shorter than the cross-fade
     audio = VocoderStream(vocoder).push(mel, is_last=True)
     assert np.array_equal(audio, vocode(vocoder, mel)[0].float().numpy())
 
 
-def test_first_vocoder_chunk_is_long_enough(model, tonal_mel):  # noqa: F811
+def test_first_vocoder_chunk_is_long_enough(model, tonal_mel):
     voc = VocoderStream(model.pipeline.vocoder)
     assert len(voc.push(tonal_mel[:, :, :10])) == 0  # too short for the first chunk: held
     first = voc.push(tonal_mel[:, :, 10:40])

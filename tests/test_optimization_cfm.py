@@ -32,16 +32,6 @@ from voicehub.text.options import Language
 STEPS = 8  # requested CFM steps: the dyadic schedule takes 4
 
 
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
-@pytest.fixture(scope="module")
-def voice(reference_wav):  # noqa: F811
-    return Voice(reference_wav, REFERENCE_TEXT, "en")
-
-
 @pytest.fixture
 def fresh_dynamo():
     """No compiled graph of DiTBlock.forward from an earlier test: every block instance shares that code

@@ -22,11 +22,6 @@ from voicehub.text.options import Language
 TOL = 1e-5  # the polyphase torch activation is exact up to float32 rounding
 
 
-@pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
-    return load(tiny_set)
-
-
 def _audio(model, voice) -> np.ndarray:
     pipe = model.pipeline
     sentence = pipe.text_features("A short test sentence.", Language.EN)
