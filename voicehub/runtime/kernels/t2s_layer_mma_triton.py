@@ -41,7 +41,8 @@ from voicehub.runtime.kernels.t2s_attn_out_ticket_triton import attention_out_ti
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
-from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
+from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage as attention_kernel_stage
+from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
     _a_dot,
@@ -291,6 +292,16 @@ def linear_stage(
     )  # fmt: skip
 
 
+def attention_stage(
+    s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
+    n_slots: int, eps: float, cfg: MmaConfig,
+) -> None:  # fmt: skip
+    """The attention kernel (`t2s_layer_mma_attention_triton`), or with cfg.out_tickets the attention and the
+    out-projection in one launch (`t2s_attn_out_ticket_triton`; out_proj_stage then does nothing)."""
+    stage = attention_out_ticket_stage if cfg.out_tickets else attention_kernel_stage
+    stage(s, layer, k_layer, v_layer, lengths, n_slots, eps, cfg)
+
+
 def out_proj_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """s.attn @ W_o^T -> s.out_attn (fp32, bias-free); cfg.prenorm: LN1(s.x_attn + that + b_o) -> s.x_ffn.
     cfg.attn_out or cfg.out_tickets: nothing (the attention's launch stored LN1)."""
@@ -376,8 +387,7 @@ def step_groups(
             with streams.gemms(g):
                 qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
             with streams.attention(g):
-                attend = attention_out_ticket_stage if cfg.out_tickets else attention_stage
-                attend(s, layer, k, v, rows, n_slots, weights.eps, cfg)
+                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
             with streams.gemms(g):
                 out_proj_stage(s, layer, weights.eps, cfg)
                 ffn1_stage(s, layer, weights.eps, cfg)
