@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from acoustic_graphs_fakes import random_piece, stream_audio
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import vocode
@@ -18,7 +18,7 @@ from voicehub.models.gpt_sovits.params import GptSovitsParams
 from voicehub.text.options import Language
 
 
-def _cuda_model(tiny_set, dtype, preset="full"):  # noqa: F811
+def _cuda_model(tiny_set, dtype, preset="full"):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     return load(tiny_set, device="cuda", dtype=dtype, cuda_graph_preset=preset)
@@ -26,7 +26,7 @@ def _cuda_model(tiny_set, dtype, preset="full"):  # noqa: F811
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_cfm_graph_equals_eager(tiny_set, dtype):  # noqa: F811
+def test_cuda_cfm_graph_equals_eager(tiny_set, dtype):
     model = _cuda_model(tiny_set, dtype)
     graphs = model.pipeline.acoustic_graphs
     est = model.pipeline.sovits.cfm.estimator
@@ -44,7 +44,7 @@ def test_cuda_cfm_graph_equals_eager(tiny_set, dtype):  # noqa: F811
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_vocoder_row_graphs_equal_eager(tiny_set, dtype):  # noqa: F811
+def test_cuda_vocoder_row_graphs_equal_eager(tiny_set, dtype):
     """The stream engine's windows: 3 of one length replay the (4 rows, n) graph. The replay equals eager
     BigVGAN on the graph's own (zero-padded) input bit for bit; each row equals its window vocoded alone
     within fp rounding (a batch of 4 may take other cuDNN kernels than a batch of 1)."""
@@ -68,7 +68,7 @@ def test_cuda_vocoder_row_graphs_equal_eager(tiny_set, dtype):  # noqa: F811
 @pytest.mark.parametrize(
     "dtype, min_snr_db", [(torch.float32, 50.0), (torch.float16, 25.0)]
 )  # as serving_gpu
-def test_cuda_stream_with_graphs_equals_without(tiny_set, reference_wav, dtype, min_snr_db):  # noqa: F811
+def test_cuda_stream_with_graphs_equals_without(tiny_set, reference_wav, dtype, min_snr_db):
     model = _cuda_model(tiny_set, dtype)
     pipe = model.pipeline
     graphs = pipe.acoustic_graphs

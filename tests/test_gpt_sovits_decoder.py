@@ -11,7 +11,7 @@ import logging
 
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 import voicehub.models.gpt_sovits.model as model_module
 from voicehub.models.gpt_sovits import Voice, load
@@ -54,7 +54,7 @@ def test_engine_sizes_come_from_the_checkpoint_cap():
     assert short.max_seq_len == 768 and short.buckets == (256, 512, 768)  # 512 + 201 rounded up
 
 
-def test_cpu_and_preset_off_keep_the_eager_reference(tiny_set, reference_wav):  # noqa: F811
+def test_cpu_and_preset_off_keep_the_eager_reference(tiny_set, reference_wav):
     model = load(tiny_set)  # no preset named: 'auto', which is 'off' on the CPU
     assert model.pipeline.t2s_decoder is None
     assert model.describe()["cuda_graph_preset"] == "off"
@@ -65,7 +65,7 @@ def test_cpu_and_preset_off_keep_the_eager_reference(tiny_set, reference_wav):  
 
 
 @pytest.fixture(scope="module")
-def graph_model(tiny_set):  # noqa: F811
+def graph_model(tiny_set):
     """A CPU model built as if on CUDA with preset 'lazy': the graph decoder runs its step eagerly."""
     built: list[tuple[StaticDecodeConfig, str]] = []
 
@@ -96,7 +96,7 @@ def test_graph_decoder_is_built_once_with_checkpoint_sizes(graph_model):
 
 
 @pytest.mark.parametrize("values", [GREEDY, SAMPLED], ids=["greedy", "fixed_seed"])
-def test_graph_decoder_path_gives_eager_tokens(graph_model, reference_wav, values, monkeypatch):  # noqa: F811
+def test_graph_decoder_path_gives_eager_tokens(graph_model, reference_wav, values, monkeypatch):
     model, _, _ = graph_model
     calls = []
     decoder = model.pipeline.t2s_decoder
@@ -107,7 +107,7 @@ def test_graph_decoder_path_gives_eager_tokens(graph_model, reference_wav, value
     assert len(calls) == len(SENTENCES)  # every sentence went through the static decoder
 
 
-def test_request_beyond_the_static_cache_decodes_eagerly(graph_model, reference_wav, caplog):  # noqa: F811
+def test_request_beyond_the_static_cache_decodes_eagerly(graph_model, reference_wav, caplog):
     model, _, _ = graph_model
     with caplog.at_level(logging.WARNING, logger="voicehub.models.gpt_sovits"):
         _compare_with_eager(
@@ -118,7 +118,7 @@ def test_request_beyond_the_static_cache_decodes_eagerly(graph_model, reference_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["full", "minimal", "lazy"])
-def test_cuda_graph_path_gives_eager_tokens(tiny_set, reference_wav, preset):  # noqa: F811
+def test_cuda_graph_path_gives_eager_tokens(tiny_set, reference_wav, preset):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     model = load(tiny_set, device="cuda", dtype="float32", cuda_graph_preset=preset)

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from acoustic_graphs_fakes import captured  # noqa: F401 (fixture: the stand-in runner)
-from gpt_sovits_fixtures import tiny_set  # noqa: F401 (fixture)
 
 from voicehub.models.gpt_sovits import load
 from voicehub.models.gpt_sovits.acoustic_graphs import LOAD_SPEEDS, AcousticGraphs
@@ -31,7 +30,7 @@ CUDA = torch.device("cuda")  # what the graphs are told; the stand-in never touc
 
 
 @pytest.fixture(scope="module")
-def sovits(tiny_set):  # noqa: F811
+def sovits(tiny_set):
     return load_sovits_v3(tiny_set / "sovits.pth").eval()
 
 
@@ -119,7 +118,7 @@ def test_cache_keys_replays_and_eager_fallback(sovits, captured, caplog):  # noq
             del block.forward
 
 
-def test_load_time_encoder_keys_per_preset(tiny_set):  # noqa: F811
+def test_load_time_encoder_keys_per_preset(tiny_set):
     pipe = load(tiny_set).pipeline
     keys = {
         p: AcousticGraphs(pipe.sovits.cfm.estimator, pipe.vocoder, p, CUDA).encoder_load_keys()
@@ -206,7 +205,7 @@ def test_encode_rows_replays_by_speed_and_counts_the_rest(sovits, captured):  # 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_encoder_graph_equals_eager(tiny_set, dtype):  # noqa: F811
+def test_cuda_encoder_graph_equals_eager(tiny_set, dtype):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     pipe = load(tiny_set, device="cuda", dtype=dtype, cuda_graph_preset="full").pipeline

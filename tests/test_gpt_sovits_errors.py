@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set, write_signal  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT, write_signal
 
 from voicehub import AutoModelForTextToSpeech, TTSInferencer
 from voicehub.errors import AudioFormatError, CheckpointError, InvalidTextError, ModelNotFoundError
@@ -14,23 +14,23 @@ from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.reference import ReferenceAudioError
 
 
-def _explicit(tiny_set, **paths):  # noqa: F811
+def _explicit(tiny_set, **paths):
     files = dict(gpt_path=tiny_set / "gpt.ckpt", sovits_path=tiny_set / "sovits.pth")
     return load(None, pretrained_dir=tiny_set / "pretrained_models", **{**files, **paths})
 
 
-def test_sovits_file_given_as_gpt(tiny_set):  # noqa: F811
+def test_sovits_file_given_as_gpt(tiny_set):
     with pytest.raises(CheckpointError, match=r"SoVITS weights file.*not a GPT.*pass it as sovits_path"):
         _explicit(tiny_set, gpt_path=tiny_set / "sovits.pth")
 
 
-def test_gpt_file_given_as_sovits(tiny_set):  # noqa: F811
+def test_gpt_file_given_as_sovits(tiny_set):
     with pytest.raises(CheckpointError, match=r"GPT \(text-to-semantic\) checkpoint, not a SoVITS one"):
         _explicit(tiny_set, sovits_path=tiny_set / "gpt.ckpt")
 
 
 @pytest.mark.parametrize("header, version", [(b"01", "v2"), (b"05", "v2Pro"), (b"04", "v4")])
-def test_other_versions_are_named(tiny_set, tmp_path, header, version):  # noqa: F811
+def test_other_versions_are_named(tiny_set, tmp_path, header, version):
     # upstream's process_ckpt.py marks a file's version by overwriting the zip's "PK" with two bytes
     data = (tiny_set / "sovits.pth").read_bytes()
     other = tmp_path / f"{version}.pth"
@@ -41,7 +41,7 @@ def test_other_versions_are_named(tiny_set, tmp_path, header, version):  # noqa:
         _explicit(tiny_set, sovits_path=other)
 
 
-def test_missing_pretrained_folder(tiny_set, tmp_path):  # noqa: F811
+def test_missing_pretrained_folder(tiny_set, tmp_path):
     for name in ("gpt.ckpt", "sovits.pth"):
         shutil.copy(tiny_set / name, tmp_path / name)
     with pytest.raises(ModelNotFoundError, match=r"no pretrained_models folder.*chinese-hubert-base"):
@@ -58,7 +58,7 @@ def test_missing_pretrained_folder(tiny_set, tmp_path):  # noqa: F811
         load(tmp_path)
 
 
-def test_lora_needs_its_base(tiny_set, tmp_path):  # noqa: F811
+def test_lora_needs_its_base(tiny_set, tmp_path):
     pretrained = tmp_path / "pretrained_models"
     for name in (
         "chinese-hubert-base",
@@ -75,7 +75,7 @@ def test_lora_needs_its_base(tiny_set, tmp_path):  # noqa: F811
         )
 
 
-def test_missing_or_ambiguous_files(tiny_set, tmp_path):  # noqa: F811
+def test_missing_or_ambiguous_files(tiny_set, tmp_path):
     with pytest.raises(ModelNotFoundError, match="GPT checkpoint .*does not exist"):
         _explicit(tiny_set, gpt_path=tmp_path / "none.ckpt")
     with pytest.raises(ModelNotFoundError, match="no file or folder"):
@@ -111,7 +111,7 @@ def test_unreadable_reference(model, tmp_path):
         model.stream("Hello there.", voice=Voice(tmp_path / "gone.wav", "Words.", "en"), text_language="en")
 
 
-def test_empty_prompt_text_and_empty_text(model, voice, reference_wav):  # noqa: F811
+def test_empty_prompt_text_and_empty_text(model, voice, reference_wav):
     with pytest.raises(InvalidTextError, match="prompt text is empty"):
         Voice(reference_wav, "  ", "en")
     with pytest.raises(InvalidTextError, match="text is empty"):
@@ -141,6 +141,6 @@ def test_bad_request_parameters(model, voice, params, error, message):
         model.stream("Hello there.", voice=voice, **params)
 
 
-def test_voice_language_is_checked(reference_wav):  # noqa: F811
+def test_voice_language_is_checked(reference_wav):
     with pytest.raises(ValueError, match=r"unknown language 'elvish'.*中文"):
         Voice(reference_wav, REFERENCE_TEXT, "elvish")

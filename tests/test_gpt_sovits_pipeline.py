@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, tiny_set  # noqa: F401 (fixture)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.params import GptSovitsParams
@@ -191,7 +191,7 @@ def test_prompt_text_gets_a_final_mark(model, voice):
     assert model.pipeline.reference(voice).prompt_text == REFERENCE_TEXT
 
 
-def test_lora_set_merges_into_the_base(tiny_set, voice):  # noqa: F811
+def test_lora_set_merges_into_the_base(tiny_set, voice):
     base = load(tiny_set, sovits_path=tiny_set / "pretrained_models" / "s2Gv3.pth")
     lora = load(tiny_set, sovits_path=tiny_set / "lora" / "sovits_lora.pth")
     key = "cfm.estimator.transformer_blocks.0.attn.to_q.weight"

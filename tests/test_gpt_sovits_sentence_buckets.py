@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, random_reference, random_target, reference_wav, tiny_set  # noqa: F401
+from gpt_sovits_fixtures import REFERENCE_TEXT, random_reference, random_target
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.acoustic_graphs import CFM_FRAME_BUCKET, cfm_frame_buckets
@@ -138,7 +138,7 @@ def test_rows_and_frames_past_the_largest_bucket(sovits):
     assert (out - want).abs().max() / want.abs().max() < RTOL
 
 
-def test_the_pipeline_solves_sentences_at_buckets(tiny_set, reference_wav):  # noqa: F811
+def test_the_pipeline_solves_sentences_at_buckets(tiny_set, reference_wav):
     pipe = load(tiny_set).pipeline
     ref = pipe.reference(Voice(reference_wav, REFERENCE_TEXT, "en"))
     sentence = pipe.text_features("A short test sentence.", Language.EN)
@@ -210,7 +210,7 @@ def test_encoder_shapes_are_bounded_by_the_buckets(sovits, prompt, speed):
     assert len(shapes["bucketed"]) == 2 * len(buckets)  # one wns1 width per token bucket too
 
 
-def test_the_pipeline_encodes_sentences_at_buckets(tiny_set, reference_wav):  # noqa: F811
+def test_the_pipeline_encodes_sentences_at_buckets(tiny_set, reference_wav):
     pipe = load(tiny_set).pipeline
     ref = pipe.reference(Voice(reference_wav, REFERENCE_TEXT, "en"))
     sentence = pipe.text_features("A short test sentence.", Language.EN)

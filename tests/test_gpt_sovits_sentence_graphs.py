@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from acoustic_graphs_fakes import CUDA, captured  # noqa: F401 (fixture: the stand-in runner)
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.acoustic_graphs import AcousticGraphs
@@ -113,7 +113,7 @@ def test_sentence_with_graphs_equals_eager(model, reference_wav, captured, monke
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_whole_mels_equal_one_shot_vocoding(tiny_set, dtype):  # noqa: F811
+def test_cuda_whole_mels_equal_one_shot_vocoding(tiny_set, dtype):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     model = load(tiny_set, device="cuda", dtype=dtype, cuda_graph_preset="full")

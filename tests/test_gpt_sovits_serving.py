@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 from acoustic_graphs_fakes import captured  # noqa: F401 (fixture: the stand-in graph runner)
-from gpt_sovits_fixtures import tiny_set  # noqa: F401 (fixture)
 
 from voicehub.errors import InvalidTextError
 from voicehub.models.gpt_sovits import Voice, load
@@ -235,7 +234,7 @@ def test_bad_requests_fail_alone_and_the_queue_is_bounded(model, voice, tmp_path
     assert sum(len(c.audio) for c in fine) > 0
 
 
-def test_engines_are_keyed_by_the_weights(model, tiny_set):  # noqa: F811
+def test_engines_are_keyed_by_the_weights(model, tiny_set):
     again = load(tiny_set)
     lora = load(tiny_set, sovits_path=tiny_set / "lora" / "sovits_lora.pth")
     assert engine_key(again) == engine_key(model) != engine_key(lora)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.batch_acoustic import EncoderRow, encode_rows
@@ -41,7 +41,7 @@ def _run(engine, voice, params_list):
     return streams, [[c.audio for c in s] for s in streams]
 
 
-def test_cuda_graphs_fp32_alone_equals_among_others(cuda, tiny_set, reference_wav):  # noqa: F811
+def test_cuda_graphs_fp32_alone_equals_among_others(cuda, tiny_set, reference_wav):
     model = load(tiny_set, device=cuda, dtype="float32", cuda_graph_preset="full")
     engine = StreamEngine(model, ServingConfig(max_streams=4))
     assert engine.t2s.graphs.captured_buckets  # the T2S steps replay graphs
@@ -66,7 +66,7 @@ def test_cuda_graphs_fp32_alone_equals_among_others(cuda, tiny_set, reference_wa
     assert stats.encoder_replayed + sum(stats.encoder_eager.values()) == stats.encoder_rows
 
 
-def test_fp16_streams_are_whole_and_start_with_a_quarter_second(cuda, tiny_set, reference_wav):  # noqa: F811
+def test_fp16_streams_are_whole_and_start_with_a_quarter_second(cuda, tiny_set, reference_wav):
     model = load(tiny_set, device=cuda, cuda_graph_preset="full")  # float16 by default on CUDA
     engine = StreamEngine(model, ServingConfig(max_streams=4, vocoder_bucket_frames=16))
     streams, audio = _run(engine, Voice(reference_wav, REFERENCE_TEXT, "en"), PARAMS)
@@ -78,7 +78,7 @@ def test_fp16_streams_are_whole_and_start_with_a_quarter_second(cuda, tiny_set, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_cuda_engine_encoder_graphs_equal_eager_encode_rows(cuda, tiny_set, dtype):  # noqa: F811
+def test_cuda_engine_encoder_graphs_equal_eager_encode_rows(cuda, tiny_set, dtype):
     model = load(tiny_set, device=cuda, dtype=dtype, cuda_graph_preset="full")
     engine = StreamEngine(model, ServingConfig(max_streams=4))
     graphs, sovits = engine.encoder_graphs, model.pipeline.sovits

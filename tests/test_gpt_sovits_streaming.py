@@ -17,7 +17,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 from gpt_sovits_streaming_fixtures import MIN_SNR_DB, SR, snr_db, stream_mel
 
 from voicehub.models.gpt_sovits import Voice, load
@@ -222,7 +222,7 @@ def test_stepwise_decode_gives_eager_tokens(model, voice, values):
 @pytest.mark.parametrize(
     "preset", ["off", "lazy", "full"]
 )  # off: step-wise eager T2S; else decode_iter on graphs
-def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, preset):  # noqa: F811
+def test_cuda_fp16_stream_matches_per_sentence_length(tiny_set, reference_wav, preset):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     model = load(tiny_set, device="cuda", cuda_graph_preset=preset)  # float16 by default on CUDA

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.model import _sync_if_initialized
@@ -31,7 +31,7 @@ def built(monkeypatch) -> list[str]:
     return languages
 
 
-def test_load_builds_the_english_frontend_not_the_first_request(tiny_set, reference_wav, built):  # noqa: F811
+def test_load_builds_the_english_frontend_not_the_first_request(tiny_set, reference_wav, built):
     model = load(tiny_set)
     assert built == ["en"]
     assert model.describe()["warm_up"]["load"]["g2p"] == ["en"]
@@ -42,14 +42,14 @@ def test_load_builds_the_english_frontend_not_the_first_request(tiny_set, refere
     assert built == ["en"] and model.frontend.g2p("en") is english  # nothing was built in the request
 
 
-def test_lazy_load_warms_up_when_the_weights_load(tiny_set, built):  # noqa: F811
+def test_lazy_load_warms_up_when_the_weights_load(tiny_set, built):
     model = load(tiny_set, lazy_load=True)
     assert built == []
     model.pipeline  # noqa: B018 (reads the weights)
     assert built == ["en"]
 
 
-def test_default_voice_warms_its_languages_and_reference(tiny_set, reference_wav, built):  # noqa: F811
+def test_default_voice_warms_its_languages_and_reference(tiny_set, reference_wav, built):
     voice = Voice(reference_wav, "你好，世界。今天天气很好。", "zh")
     model = load(tiny_set, default_voice=voice)
     assert sorted(built) == ["en", "zh"]
@@ -62,7 +62,7 @@ def test_default_voice_warms_its_languages_and_reference(tiny_set, reference_wav
     assert sorted(built) == ["en", "zh"]
 
 
-def test_an_unknown_default_voice_name_is_left_to_requests(tiny_set, built, caplog):  # noqa: F811
+def test_an_unknown_default_voice_name_is_left_to_requests(tiny_set, built, caplog):
     model = load(tiny_set, default_voice="nobody")  # no registry: a request naming no voice would raise
     assert built == ["en"] and "not warmed up at load" in caplog.text
     assert model.describe()["warm_up"]["load"]["reference"] is False
@@ -78,7 +78,7 @@ def test_an_unknown_default_voice_name_is_left_to_requests(tiny_set, built, capl
         ("你好，こんにちは。", "auto", (["ja", "zh"], ["en"])),
     ],
 )
-def test_voice_languages(reference_wav, prompt, language, expect):  # noqa: F811
+def test_voice_languages(reference_wav, prompt, language, expect):
     assert voice_languages(Voice(reference_wav, prompt, language)) == expect
     assert voice_languages(None) == ([], ["en"])
 
@@ -89,7 +89,7 @@ MAIN_PHASES = ["weights.read", "weights.t2s", "weights.sovits", "weights.bigvgan
                "wait_text_deferred"]  # fmt: skip
 
 
-def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, reference_wav, monkeypatch):  # noqa: F811
+def test_load_records_its_timeline_and_reads_the_deferred_text_parts(tiny_set, reference_wav, monkeypatch):
     from voicehub.text.en import g2p as english
 
     steps: list[str] = []
@@ -129,7 +129,7 @@ print(sorted({m.split(".")[0] for m in sys.modules} & {"transformers", "inflect"
 """
 
 
-def test_a_load_and_a_request_import_neither_transformers_nor_inflect(tiny_set, reference_wav):  # noqa: F811
+def test_a_load_and_a_request_import_neither_transformers_nor_inflect(tiny_set, reference_wav):
     # both cost seconds of process start (their import alone, and the lock they hold beside the weight
     # loads): HuBERT/BERT and English numbers are our own
     import subprocess
@@ -164,7 +164,7 @@ def test_a_cuda_load_syncs_its_own_device_once_cuda_is_initialised(monkeypatch):
     assert synced == [torch.device("cuda:1")]
 
 
-def test_a_failed_warm_up_leaves_no_pipeline_and_the_next_use_loads_again(tiny_set, reference_wav, tmp_path):  # noqa: F811
+def test_a_failed_warm_up_leaves_no_pipeline_and_the_next_use_loads_again(tiny_set, reference_wav, tmp_path):
     from voicehub.optimization.config import TTSOptimizationConfig
     from voicehub.optimization.mixin import PENDING_ATTR, apply_load_time_config
 
@@ -217,7 +217,7 @@ def test_warm_triton_names_what_it_skips_when_triton_lacks_an_internal(monkeypat
 
 
 @pytest.mark.gpu
-def test_a_triton_load_warms_triton_on_the_runtime_thread_before_its_first_kernel(tiny_set, reference_wav):  # noqa: F811
+def test_a_triton_load_warms_triton_on_the_runtime_thread_before_its_first_kernel(tiny_set, reference_wav):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from triton.runtime.cache import triton_key

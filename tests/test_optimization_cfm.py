@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 from torch._dynamo.backends.registry import lookup_backend
 
 from voicehub.models.gpt_sovits import Voice, load, techniques
@@ -146,7 +146,7 @@ def test_auto_keeps_the_approximate_techniques_off_and_says_why(model, voice):
     assert "no evidence" in skipped["compile"]
 
 
-def test_lazy_model_applies_the_schedule_when_its_weights_load(tiny_set):  # noqa: F811
+def test_lazy_model_applies_the_schedule_when_its_weights_load(tiny_set):
     lazy = load(tiny_set, lazy_load=True)
     assert apply_load_time_config(lazy, TTSOptimizationConfig(diffusion_sampling="required")) is None
     assert not lazy.is_runtime_loaded and lazy.optimization_result is None
@@ -261,7 +261,7 @@ def test_compile_auto_stays_off_without_evidence():
 
 
 @pytest.mark.gpu
-def test_cuda_short_schedule_and_step_cache_stay_graph_capturable(tiny_set):  # noqa: F811
+def test_cuda_short_schedule_and_step_cache_stay_graph_capturable(tiny_set):
     import torch
 
     if not torch.cuda.is_available():
@@ -295,7 +295,7 @@ def test_cuda_short_schedule_and_step_cache_stay_graph_capturable(tiny_set):  # 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernels", ["native", "torch", "triton"])
-def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav, kernels):  # noqa: F811
+def test_cuda_inductor_compile_is_within_fp16_tolerance(tiny_set, reference_wav, kernels):
     """Inductor on the DiT blocks beside each kernel set. With 'triton' (what kernel_backend 'auto' picks on
     sm_90 fp16) torch 2.11 failed twice on an H100: in AOT autograd on the rotary kernel's in-place writes
     to two views of one buffer (session 20), then in dynamo on a symbolic launch width after a graph break

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.gpt_sovits import Voice, load
 from voicehub.models.gpt_sovits.bigvgan import anti_alias_snake_torch
@@ -33,7 +33,7 @@ def _activation_kernels(model) -> set:
     return {m.kernel for m in model.pipeline.vocoder.modules() if hasattr(m, "kernel")}
 
 
-def test_torch_kernels_apply_and_restore(model, reference_wav):  # noqa: F811
+def test_torch_kernels_apply_and_restore(model, reference_wav):
     voice = Voice(reference_wav, REFERENCE_TEXT, "en")
     native = _audio(model, voice)
     result = model.optimize(TTSOptimizationConfig(kernel_backend="torch"))
@@ -131,7 +131,7 @@ def test_triton_transform_routes_the_t2s_graph_decoder_and_undoes(model, monkeyp
 
 
 @pytest.mark.gpu
-def test_cuda_triton_kernels_keep_tokens_and_audio_close(tiny_set, reference_wav):  # noqa: F811
+def test_cuda_triton_kernels_keep_tokens_and_audio_close(tiny_set, reference_wav):
     import torch
 
     if not torch.cuda.is_available():

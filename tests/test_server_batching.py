@@ -15,7 +15,7 @@ from dataclasses import replace
 import httpx
 import numpy as np
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 from test_server_helpers import running_server
 
 from voicehub.models.gpt_sovits import Voice
@@ -30,11 +30,11 @@ STREAMING = {"stream_chunk_tokens": 4, "sample_steps": 2}
 
 
 @pytest.fixture(scope="module")
-def model(tiny_set):  # noqa: F811
+def model(tiny_set):
     return load_model(ModelSpec("tiny-v3", path=str(tiny_set), model_type="gpt-sovits-v3"), "cpu")
 
 
-def _config(tmp_path_factory, tiny_set, **overrides) -> ServerConfig:  # noqa: F811
+def _config(tmp_path_factory, tiny_set, **overrides) -> ServerConfig:
     spec = ModelSpec("tiny-v3", path=str(tiny_set), model_type="gpt-sovits-v3")
     config = ServerConfig(
         data_dir=tmp_path_factory.mktemp("data"),
@@ -54,7 +54,7 @@ def _add_voice(url: str, wav) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_set, model, reference_wav):  # noqa: F811
+def server(tmp_path_factory, tiny_set, model, reference_wav):
     with running_server(_config(tmp_path_factory, tiny_set), model) as (url, app):
         yield url, app, _add_voice(url, reference_wav)
 
@@ -115,7 +115,7 @@ def test_a_client_that_leaves_frees_its_stream(server):
     assert engine.scheduler.is_idle and bool(engine.t2s.state.done.all())
 
 
-def test_no_batching_keeps_the_one_stream_worker(tmp_path_factory, tiny_set, model, reference_wav):  # noqa: F811
+def test_no_batching_keeps_the_one_stream_worker(tmp_path_factory, tiny_set, model, reference_wav):
     with running_server(_config(tmp_path_factory, tiny_set, batching=False), model) as (url, app):
         voice = _add_voice(url, reference_wav)
         assert app.state.voicehub.worker.batched is None

@@ -15,7 +15,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 from test_server_helpers import running_server
 
 from voicehub.models.gpt_sovits.sovits import SAMPLES_PER_TOKEN
@@ -30,7 +30,7 @@ TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="module")
-def server(tiny_set, tmp_path_factory):  # noqa: F811
+def server(tiny_set, tmp_path_factory):
     spec = ModelSpec("tiny-v3", path=str(tiny_set), model_type="gpt-sovits-v3")
     config = ServerConfig(
         data_dir=tmp_path_factory.mktemp("data"),
@@ -44,7 +44,7 @@ def server(tiny_set, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def voice(server, reference_wav):  # noqa: F811
+def voice(server, reference_wav):
     fields = {
         "name": "fox",
         "family": "gpt-sovits-v3",

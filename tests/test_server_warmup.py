@@ -7,7 +7,7 @@ import functools
 import logging
 
 import pytest
-from gpt_sovits_fixtures import REFERENCE_TEXT, reference_wav, tiny_set  # noqa: F401 (fixtures)
+from gpt_sovits_fixtures import REFERENCE_TEXT
 
 from voicehub.models.base import TTSModel
 from voicehub.server.config import Limits, ModelSpec
@@ -34,7 +34,7 @@ def _preload(spec: ModelSpec) -> tuple[Worker, ModelPool]:
     return worker, pool
 
 
-def test_warm_up_uses_the_default_voice(tiny_set, reference_wav):  # noqa: F811
+def test_warm_up_uses_the_default_voice(tiny_set, reference_wav):
     voice = {"ref_audio_path": str(reference_wav), "prompt_text": REFERENCE_TEXT, "prompt_language": "en"}
     spec = ModelSpec("gs", path=str(tiny_set), model_type="gpt-sovits-v3", options={"default_voice": voice})
     worker, pool = _preload(spec)
@@ -43,7 +43,7 @@ def test_warm_up_uses_the_default_voice(tiny_set, reference_wav):  # noqa: F811
     assert (cache.misses, len(cache)) == (1, 1)  # the warm-up computed the default voice's reference
 
 
-def test_warm_up_is_skipped_without_a_voice(tiny_set, caplog):  # noqa: F811
+def test_warm_up_is_skipped_without_a_voice(tiny_set, caplog):
     spec = ModelSpec("gs", path=str(tiny_set), model_type="gpt-sovits-v3", options={"lazy_load": True})
     with caplog.at_level(logging.WARNING, logger="voicehub.server"):
         worker, pool = _preload(spec)

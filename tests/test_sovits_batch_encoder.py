@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpt_sovits_fixtures import tiny_set  # noqa: F401
 
 from voicehub.models.gpt_sovits.batch_acoustic import EncoderRow, encode_rows
 from voicehub.models.gpt_sovits.sovits import load_sovits_v3
@@ -20,7 +19,7 @@ ROWS = [(9, 14, 1.0), (25, 6, 1.0), (4, 20, 1.25), (16, 11, 0.8)]  # (tokens, ph
 
 
 @pytest.fixture(scope="module")
-def sovits(tiny_set):  # noqa: F811
+def sovits(tiny_set):
     return load_sovits_v3(tiny_set / "sovits.pth").eval()
 
 

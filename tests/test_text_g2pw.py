@@ -20,9 +20,9 @@ pytest.importorskip("opencc")
 pytest.importorskip("pypinyin")
 pytest.importorskip("tokenizers")
 
-from voicehub.errors import ModelNotFoundError  # noqa: E402
-from voicehub.text import TextFrontend  # noqa: E402
-from voicehub.text.zh.g2pw import G2PWReader, read_config  # noqa: E402
+from voicehub.errors import ModelNotFoundError
+from voicehub.text import TextFrontend
+from voicehub.text.zh.g2pw import G2PWReader, read_config
 
 POLYPHONIC = [("行", "ㄏㄤ2"), ("行", "ㄒㄧㄥ2"), ("長", "ㄔㄤ2"), ("長", "ㄓㄤ3"), ("重", "ㄓㄨㄥ4")]
 POLYPHONIC += [("重", "ㄔㄨㄥ2"), ("一", "ㄧ1"), ("一", "ㄧ2")]  # 一 is listed but upstream skips it
