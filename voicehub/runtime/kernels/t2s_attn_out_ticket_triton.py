@@ -155,5 +155,5 @@ def attention_out_ticket_stage(
         SPLITS=s.splits, KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_D=triton.next_power_of_2(dim),
         IEEE=s.q.dtype == torch.float32, num_warps=cfg.attn_warps, num_stages=OUT_TILE_STAGES,
-        **_launch(cfg, s.q.device),
+        **_launch(cfg, s.q.device), **({"maxnreg": cfg.out_tickets_regs} if cfg.out_tickets_regs else {}),
     )  # fmt: skip

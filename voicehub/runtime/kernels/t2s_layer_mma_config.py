@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
+    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream "
+    "out_tickets_regs".split()
 )
 
 
@@ -65,6 +66,10 @@ class MmaConfig:
     # (row block, block_n outputs) that waits for its row block's heads, multiplies as the out-proj kernel
     # does and normalises the row block once (LN1 -> x_ffn); W_o read once a row block, not once a (row, head)
     out_tickets: bool = False
+    # with out_tickets, the registers a thread of that kernel may use (Triton's maxnreg; 0: the compiler's
+    # choice, 240 at v3's shapes for the tiles' row-block norm, which leaves an SM 4 attention programs, not
+    # 10); what ptxas allots and spills, not which operations: no effect on results
+    out_tickets_regs: int = 0
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
@@ -92,13 +97,17 @@ class MmaConfig:
             raise ValueError(
                 "MmaConfig.out_tickets needs prenorm, attn_out off and out_splits 1 (its tiles store LN1)"
             )
+        if self.out_tickets_regs and not (self.out_tickets and 32 <= self.out_tickets_regs <= 255):
+            raise ValueError("MmaConfig.out_tickets_regs needs out_tickets and 32..255 registers (0: no cap)")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         if self.gemm_stages < 1 or self.attn_stages < 1:
             raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
             # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
-            spared = name in ("gemm_stages", "attn_stages") or (name == "ffn_slices" and value == 0)
+            spared = name in ("gemm_stages", "attn_stages", "out_tickets_regs") or (
+                name == "ffn_slices" and value == 0
+            )
             if isinstance(value, bool) or spared:
                 continue
             if value < 1 or value & (value - 1):
