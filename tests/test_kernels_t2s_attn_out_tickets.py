@@ -20,7 +20,7 @@ mk = interpreted_stack  # the many-row module, interpreted (that module's fixtur
 @pytest.mark.parametrize(("dtype", "tiles"), [(torch.float32, 2), (torch.float16, 8)])
 def test_ticketed_attention_and_out_proj_are_bitwise_the_two_kernels(mk, dtype, tiles):
     # the stack's logits bitwise those of the attention kernel then the out-projection kernel (prenorm),
-    # twice on one scratch (the ticket, ended, ready and row-block counters back at 0), and a row alone
+    # twice on one scratch (the ready, passed and row-block counters back at 0), and a row alone
     # (other buckets too) bitwise the same row among 18
     x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
     off = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=True, **{**SPLITS, "out_splits": 1})
@@ -28,7 +28,7 @@ def test_ticketed_attention_and_out_proj_are_bitwise_the_two_kernels(mk, dtype, 
     want = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=off)
     assert not want.isnan().any()
     s = mk.Scratch.allocate(len(LENGTHS), w, k.shape[3], on)
-    assert s.out_sync.numel() == 2 + 2  # ticket, ended, a ready counter per row block
+    assert s.out_sync.numel() == 2 * 2  # a ready and a passed counter per row block
     for _ in range(2):
         got = torch.full_like(want, float("nan"))
         mk.step_rows(s, x, w, k.clone(), v.clone(), lengths, N_SLOTS, on, got)

@@ -1,21 +1,22 @@
-"""The many-row stack's attention and out-projection (`t2s_layer_mma_triton`) as one kernel of tickets.
+"""The many-row stack's attention and out-projection (`t2s_layer_mma_triton`) as one launch.
 
 With MmaConfig.attn_out every (row, head) program multiplies its head's 32 values by the head's 32
 columns of W_o: 1,024 programs a layer at 64 rows each read 32 KB of W_o from L2 (~5.8 us a layer on an
 H100), while the out-projection kernel reads each W_o tile once a row block but costs a kernel boundary.
-Here (MmaConfig.out_tickets) one launch does both with the out-projection kernel's tiles: each program
-takes a ticket (an int32 counter, atomically); tickets 0 .. n_attn - 1 are the attention's (row, head,
-block) items, row major, which store the head's output to attn as the attention kernel does and count
-on a ready counter of their row block (release); the rest are the out-projection's tiles (row block,
-block_n outputs), which load their first W_o chunk, wait until every head of every row of their row
-block is stored (acquire), then multiply and normalise as the out-projection kernel does with prenorm
-(`_linear_tail`: out_attn, then LN1 of the row block -> x_ffn by its last tile).
+Here (MmaConfig.out_tickets) one launch does both with the out-projection kernel's tiles: programs
+0 .. n_attn - 1 are the attention's (row, head, block) items, row major, which store the head's output to
+attn as the attention kernel does and count on a ready counter of their row block (release); the last
+programs are the out-projection's tiles (row block, block_n outputs), which load their first W_o chunk,
+wait until every head of every row of their row block is stored (acquire), then multiply and normalise as
+the out-projection kernel does with prenorm (`_linear_tail`: out_attn, then LN1 of the row block -> x_ffn
+by its last tile); the row block's last tile past its wait sets its counters back to 0.
 
-No deadlock whatever the number of resident programs: tickets are taken in order, so every item a tile
-waits for was taken before it by a program that is running and never waits. The last program to end
-sets the ticket, ended and ready counters back to 0. The float operations are the attention kernel's
-and the out-projection kernel's, in the same order; a row's values depend only on that row (bitwise the
-same alone or in any batch).
+No deadlock: the items a tile waits for never wait, and the tiles (at most one an SM, checked at launch)
+cannot fill the GPU's slots (an SM holds 4 or more of these programs), so every item finds a slot. (Session
+31's version took tickets from one atomic counter to order the programs, and counted every program's end
+on another: 1,822 us a 64-row step against 1,217 for the two kernels on the H200.) The float operations are
+the attention kernel's and the out-projection kernel's, in the same order; a row's values depend only on
+that row (bitwise the same alone or in any batch).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.t2s_ffn_ticket_triton import _DONE, _READY, _TICKET
 from voicehub.runtime.kernels.t2s_layer import LayerWeights
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import (
     _attend_block,
@@ -109,31 +109,33 @@ def _attn_out_ticket_kernel(
 ):  # fmt: skip
     _await_previous(PDL)
     n_attn = n_rows * N_HEAD * n_splits
-    ready_ptr = sync_ptr + _READY
-    t = tl.atomic_add(sync_ptr + _TICKET, 1, sem="relaxed")
+    n_blocks = tl.cdiv(n_rows, BLOCK_M)
+    ready_ptr = sync_ptr
+    t = tl.program_id(0)
     if t < n_attn:
         _attend_item(t, q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr, ready_ptr,
                      n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs, N_HEAD, HEAD_DIM, DH, BLOCK_S,
                      TILES, SPLITS, BLOCK_M, KV_POLICY, STAGES)  # fmt: skip
     else:
-        _out_tile(t - n_attn, attn_ptr, wo_ptr, out_ptr, ready_ptr, rcount_ptr, xa_ptr, bo_ptr, n1w_ptr, n1b_ptr,
-                  xf_ptr, n_rows, dim, eps, tl.cdiv(dim, BLOCK_N), N_HEAD, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D,
-                  IEEE)  # fmt: skip
-    tl.debug_barrier()
-    if tl.atomic_add(sync_ptr + _DONE, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        for i in range(0, tl.cdiv(n_rows, BLOCK_M)):  # every program has ended: nothing reads them now
-            tl.store(ready_ptr + i, 0)
-        tl.store(sync_ptr + _TICKET, 0)
-        tl.store(sync_ptr + _DONE, 0)
+        n_tiles = tl.cdiv(dim, BLOCK_N)
+        u = t - n_attn
+        _out_tile(u, attn_ptr, wo_ptr, out_ptr, ready_ptr, rcount_ptr, xa_ptr, bo_ptr, n1w_ptr, n1b_ptr, xf_ptr,
+                  n_rows, dim, eps, n_tiles, N_HEAD, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_D, IEEE)  # fmt: skip
+        # the row block's last tile past its wait sets the block's ready and passed counters back to 0
+        rb = u // n_tiles
+        tl.debug_barrier()
+        if tl.atomic_add(sync_ptr + n_blocks + rb, 1, sem="acq_rel") == n_tiles - 1:
+            tl.store(ready_ptr + rb, 0)
+            tl.store(sync_ptr + n_blocks + rb, 0)
 
 
 def out_sync_scratch(n_rows: int, cfg: MmaConfig, device: torch.device) -> torch.Tensor:
-    """The ticket, ended and per-row-block ready counters (int32, the ticketed FFN's layout: _TICKET, _DONE,
-    then from _READY; zeroed, each call leaves them at 0); a
-    placeholder without cfg.out_tickets (no memset joins the step's graph)."""
+    """Per row block, a ready counter (heads stored) then a passed counter (tiles past their wait) (int32;
+    zeroed, each call leaves them at 0); a placeholder without cfg.out_tickets (no memset joins the step's
+    graph)."""
     if not cfg.out_tickets:
         return torch.empty(1, device=device, dtype=torch.int32)
-    return torch.zeros(_READY.value + triton.cdiv(n_rows, cfg.block_m), device=device, dtype=torch.int32)
+    return torch.zeros(2 * triton.cdiv(n_rows, cfg.block_m), device=device, dtype=torch.int32)
 
 
 def attention_out_ticket_stage(
@@ -145,7 +147,11 @@ def attention_out_ticket_stage(
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
-    n_programs = n_rows * n_head * n_splits + triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(dim, cfg.block_n)
+    n_tiles = triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(dim, cfg.block_n)
+    if s.q.is_cuda and n_tiles > torch.cuda.get_device_properties(s.q.device).multi_processor_count:
+        raise ValueError(f"MmaConfig.out_tickets: {n_tiles} out-projection tiles would wait on more SMs than the "
+                         "GPU has (fewer rows a call, or a wider block_n)")  # fmt: skip
+    n_programs = n_rows * n_head * n_splits + n_tiles
     _attn_out_ticket_kernel[(n_programs,)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
         layer.out_weight, s.out_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn,

@@ -62,9 +62,9 @@ class MmaConfig:
     # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
     # the out-projection's tiles in the attention kernel's launch (`t2s_attn_out_ticket_triton`, needs prenorm,
-    # attn_out off, out_splits 1): programs take tickets, the (row, head) attentions first, then a tile per
-    # (row block, block_n outputs) that waits for its row block's heads, multiplies as the out-proj kernel
-    # does and normalises the row block once (LN1 -> x_ffn); W_o read once a row block, not once a (row, head)
+    # attn_out off, out_splits 1): the (row, head) attentions' programs first, then a tile per (row block,
+    # block_n outputs) that waits for its row block's heads, multiplies as the out-proj kernel does and
+    # normalises the row block once (LN1 -> x_ffn); W_o read once a row block, not once a (row, head)
     out_tickets: bool = False
     # with out_tickets, the registers a thread of that kernel may use (Triton's maxnreg; 0: the compiler's
     # choice, 240 at v3's shapes for the tiles' row-block norm, which leaves an SM 4 attention programs, not
