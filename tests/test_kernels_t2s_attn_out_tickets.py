@@ -45,6 +45,13 @@ def test_ticketed_out_proj_needs_what_its_tiles_do(mk):
     for bad in ({}, {"prenorm": True, "attn_out": True}, {"prenorm": True, "out_splits": 2}):
         with pytest.raises(ValueError, match="out_tickets needs prenorm, attn_out off and out_splits 1"):
             mk.MmaConfig(**BLOCKS, out_tickets=True, **bad)
+    # its register cap: only with out_tickets, and one ptxas can take
+    for bad in ({"out_tickets_regs": 128}, {"prenorm": True, "out_tickets": True, "out_tickets_regs": 16}):
+        with pytest.raises(ValueError, match="out_tickets_regs needs out_tickets and 32..255 registers"):
+            mk.MmaConfig(**BLOCKS, **bad)
+    assert (
+        mk.MmaConfig(**BLOCKS, prenorm=True, out_tickets=True, out_tickets_regs=168).out_tickets_regs == 168
+    )
     assert (
         mk.Scratch.allocate(
             3, stack_inputs(3, torch.float32, LENGTHS[:3])[1], 80, mk.MmaConfig()
