@@ -11,8 +11,9 @@ wait until every head of every row of their row block is stored (acquire), then 
 the out-projection kernel does with prenorm (`_linear_tail`: out_attn, then LN1 of the row block -> x_ffn
 by its last tile); the row block's last tile past its wait sets its counters back to 0.
 
-No deadlock: the items a tile waits for never wait, and the tiles (at most one an SM, checked at launch)
-cannot fill the GPU's slots (an SM holds 4 or more of these programs), so every item finds a slot. (Session
+No deadlock: the items a tile waits for never wait, and the tiles (no more than the GPU's SMs a launch,
+checked at launch; row groups' launches, a scratch each, may run side by side) cannot fill the GPU's slots
+(an SM holds 4 or more of these programs), so every item finds a slot. (Session
 31's version took tickets from one atomic counter to order the programs, and counted every program's end
 on another: 1,822 us a 64-row step against 1,217 for the two kernels on the H200.) The float operations are
 the attention kernel's and the out-projection kernel's, in the same order; a row's values depend only on
