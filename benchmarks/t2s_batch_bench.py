@@ -66,6 +66,7 @@ from voicehub.server.pool import freeze_long_lived
 
 N_PHONES, N_PROMPT = 80, 150
 CHECKED = 4  # streams per level checked for token identity
+N_FIRST_PUMPS = 3  # pumps timed one by one (host and device) at the start of each run: admission's spread
 KV_BUCKETS = (256, 384, 512, 768, 1024)
 
 
@@ -132,10 +133,16 @@ def run_level(
     """Submit every request at once, pump until all finish; timings, rounds and each stream's tokens."""
     sched = ContinuousScheduler(engine, max_queue=len(requests), poll_lag=poll_lag)
     first_token_s: list[float | None] = [None] * len(requests)
-    if engine.device.type == "cuda":
+    on_gpu = engine.device.type == "cuda"
+    if on_gpu:
         torch.cuda.synchronize()  # start the clock on an idle device
     reads = engine.n_snapshots
     t0 = time.perf_counter()
+    # the first pumps (admission, its rounds, the first read): when the host returned from each, and (CUDA)
+    # an event after each, so a slow admission shows as the host's or the device's
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(N_FIRST_PUMPS + 1)] if on_gpu else []
+    if events:
+        events[0].record()
 
     def on_tokens(i):
         def record(_tokens):
@@ -153,7 +160,16 @@ def run_level(
             rounds.append(
                 (time.perf_counter() - t0, sched.n_steps, sched.n_active, sched.n_waiting, len(syncs))
             )
+            if len(rounds) <= len(events):
+                events[len(rounds) - 1].record()
     wall = rounds[-1][0]
+    if events:
+        torch.cuda.synchronize()
+    first_pumps = [
+        {"host_s": rounds[i][0], "steps": rounds[i][1],
+         "device_s": events[0].elapsed_time(events[i]) / 1e3 if events else None}
+        for i in range(1, min(N_FIRST_PUMPS + 1, len(rounds)))
+    ]  # fmt: skip
     results = [h.result() for h in handles]
     n_tokens = sum(int(r.tokens.numel()) for r in results)
     firsts = sorted(first_token_s)
@@ -171,6 +187,7 @@ def run_level(
             "max": firsts[-1],
         },
         "_tokens": [r.tokens for r in results],
+        "first_pumps": first_pumps,
         "_rounds": rounds,
         "_reads": engine.n_snapshots - reads,
     }
@@ -327,6 +344,7 @@ def main() -> None:
         row["wall_all_s"] = [r["wall_s"] for r in runs]
         row["admit_all_s"] = [r["first_token_s"]["max"] for r in runs]
         row["gc_all"] = [r["gc"] for r in runs]
+        row["first_pumps_all"] = [r["first_pumps"] for r in runs]
         sync_run = (
             None if args.no_sync_count or not on_gpu else run_level(engine, requests[:level], lag, True)
         )

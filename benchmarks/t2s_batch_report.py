@@ -93,6 +93,8 @@ def print_report(rows: list[dict], capture_s: float, n_graphs: int) -> None:
         gcs = " ".join(f"{g['n']}/{g['gen2']}/{g['s'] * 1e3:.0f}ms" for g in r["gc_all"])
         admits = " ".join(f"{a:.3f}" for a in r["admit_all_s"])
         print(f"{r['n_streams']:7d} admit_s per run: {admits}; gc (collections/full/time) per run: {gcs}")
+        pumps = " | ".join(" ".join(_pump(p) for p in run) for run in r.get("first_pumps_all", []))
+        print(f"{r['n_streams']:7d} first pumps per run, host/device ms after each: {pumps}")
     print("capture:", round(capture_s, 2), "s;", n_graphs, "graphs")
     for r in rows:
         if "timeline" not in r:
@@ -105,3 +107,9 @@ def print_report(rows: list[dict], capture_s: float, n_graphs: int) -> None:
                   "; ".join(f"{g['after'][:24]} -> {g['before'][:24]} {g['count']}x {g['us']:.0f}us" for g in x["gaps"][:4]))  # fmt: skip
         print(f"{r['n_streams']:7d} loop-only kernels: " +
               "; ".join(f"{k[:32]} {v['count']}x {v['us']:.0f}us" for k, v in t["loop_only_kernels"].items()))  # fmt: skip
+
+
+def _pump(p: dict) -> str:
+    """A first pump's host and device times, ms from the run's start ('-' without a device clock)."""
+    device = "-" if p["device_s"] is None else f"{p['device_s'] * 1e3:.0f}"
+    return f"{p['host_s'] * 1e3:.0f}/{device}"

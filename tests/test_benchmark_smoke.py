@@ -78,6 +78,12 @@ def test_t2s_batch_bench_reads_every_level(tmp_path):
         assert 0 < phased <= row["wall_s"] + 1e-9
         assert b["admission"]["steps"] + b["steady"]["steps"] + b["tail"]["steps"] <= row["n_steps"]
         assert b["replay"]["steps"] == 19
+        # the first pumps, timed one by one: host times rising, steps counted, no device clock on the CPU
+        (pumps,) = row["first_pumps_all"]
+        assert pumps == row["first_pumps"] and 1 <= len(pumps) <= 3
+        assert all(p["device_s"] is None for p in pumps)
+        assert [p["host_s"] for p in pumps] == sorted(p["host_s"] for p in pumps) and pumps[0]["host_s"] > 0
+        assert pumps[-1]["steps"] <= row["n_steps"]
 
 
 def test_t2s_batch_bench_refuses_bucket_changes_that_change_values_or_override_its_change():
