@@ -108,7 +108,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     # register cap; the table's H100 choices (two row groups, K/V evict_first) on this card at three KV lengths;
     # then the engine with the table and with out_tickets (whose tiles need attn_out off)
     outtiles) step out-tiles-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/test_kernels_t2s_layer_mma_gpu.py -k "ticketed or change12" \
+        tests/test_kernels_t2s_layer_mma_gpu.py -k "ticketed or out_tickets_regs" \
       ; step out-tiles-probe 170 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 240,480,730 \
         --variants "chain;chain attn_out=False;chain attn_out=False out_tickets=True;chain row_groups=1;chain \
 kv_evict_first=False;chain row_groups=1 kv_evict_first=False" --out "$OUT/t2s_rows_probe_out_tiles${SUFFIX:-}.json" \

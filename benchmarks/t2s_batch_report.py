@@ -93,8 +93,9 @@ def print_report(rows: list[dict], capture_s: float, n_graphs: int) -> None:
         gcs = " ".join(f"{g['n']}/{g['gen2']}/{g['s'] * 1e3:.0f}ms" for g in r["gc_all"])
         admits = " ".join(f"{a:.3f}" for a in r["admit_all_s"])
         print(f"{r['n_streams']:7d} admit_s per run: {admits}; gc (collections/full/time) per run: {gcs}")
-        pumps = " | ".join(" ".join(_pump(p) for p in run) for run in r.get("first_pumps_all", []))
-        print(f"{r['n_streams']:7d} first pumps per run, host/device ms after each: {pumps}")
+        if r.get("first_pumps_all"):  # recorded from tree a1217fa
+            pumps = " | ".join(" ".join(_pump(p) for p in run) for run in r["first_pumps_all"])
+            print(f"{r['n_streams']:7d} first pumps per run, host/device ms after each: {pumps}")
     print("capture:", round(capture_s, 2), "s;", n_graphs, "graphs")
     for r in rows:
         if "timeline" not in r:

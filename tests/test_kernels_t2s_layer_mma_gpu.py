@@ -108,7 +108,9 @@ def test_result_free_changes_cover_exactly_the_result_free_fields():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("change", RESULT_FREE_CHANGES)
+@pytest.mark.parametrize(
+    "change", RESULT_FREE_CHANGES, ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items())
+)
 @pytest.mark.parametrize("n_rows", [1, 20, 64])
 def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: PDL (and launching the next

@@ -11,9 +11,10 @@ wait until every head of every row of their row block is stored (acquire), then 
 the out-projection kernel does with prenorm (`_linear_tail`: out_attn, then LN1 of the row block -> x_ffn
 by its last tile); the row block's last tile past its wait sets its counters back to 0.
 
-No deadlock: the items a tile waits for never wait, and the tiles (no more than the GPU's SMs a launch,
-checked at launch; row groups' launches, a scratch each, may run side by side) cannot fill the GPU's slots
-(an SM holds 4 or more of these programs), so every item finds a slot. (Session
+No deadlock: the items a tile waits for never wait, and the GPU starts a launch's programs in id order, so
+every item has started before any tile spins; and were the order not kept, the tiles (no more than the GPU's
+SMs a scratch, checked when it is made; row groups' launches, a scratch each, may run side by side) would not
+fill the slots of SMs that hold 4 of these programs at v3's shapes (240 registers a thread, 2 warps). (Session
 31's version took tickets from one atomic counter to order the programs, and counted every program's end
 on another: 1,822 us a 64-row step against 1,217 for the two kernels on the H200.) The float operations are
 the attention kernel's and the out-projection kernel's, in the same order; a row's values depend only on
@@ -56,7 +57,7 @@ def _attend_item(
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
     SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    # ticket t -> (row b, head h, block split), the block fastest: the attention kernel's program (split,
+    # item t -> (row b, head h, block split), the block fastest: the attention kernel's program (split,
     # h, b) without the out-projection; the program that stores the head's output counts it on b's row block
     b, h, split = t // (N_HEAD * n_splits), (t // n_splits) % N_HEAD, t % n_splits
     m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
@@ -130,12 +131,16 @@ def _attn_out_ticket_kernel(
             tl.store(sync_ptr + n_blocks + rb, 0)
 
 
-def out_sync_scratch(n_rows: int, cfg: MmaConfig, device: torch.device) -> torch.Tensor:
+def out_sync_scratch(n_rows: int, dim: int, cfg: MmaConfig, device: torch.device) -> torch.Tensor:
     """Per row block, a ready counter (heads stored) then a passed counter (tiles past their wait) (int32;
     zeroed, each call leaves them at 0); a placeholder without cfg.out_tickets (no memset joins the step's
-    graph)."""
+    graph). ValueError where n_rows would give a launch more out-projection tiles than the GPU has SMs."""
     if not cfg.out_tickets:
         return torch.empty(1, device=device, dtype=torch.int32)
+    n_tiles = triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(dim, cfg.block_n)
+    if device.type == "cuda" and n_tiles > torch.cuda.get_device_properties(device).multi_processor_count:
+        raise ValueError(f"MmaConfig.out_tickets: {n_rows} rows give {n_tiles} out-projection tiles, more than the "
+                         "GPU's SMs (fewer rows a call, or a wider block_n)")  # fmt: skip
     return torch.zeros(2 * triton.cdiv(n_rows, cfg.block_m), device=device, dtype=torch.int32)
 
 
@@ -148,10 +153,7 @@ def attention_out_ticket_stage(
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
-    n_tiles = triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(dim, cfg.block_n)
-    if s.q.is_cuda and n_tiles > torch.cuda.get_device_properties(s.q.device).multi_processor_count:
-        raise ValueError(f"MmaConfig.out_tickets: {n_tiles} out-projection tiles would wait on more SMs than the "
-                         "GPU has (fewer rows a call, or a wider block_n)")  # fmt: skip
+    n_tiles = triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(dim, cfg.block_n)  # checked by out_sync_scratch
     n_programs = n_rows * n_head * n_splits + n_tiles
     _attn_out_ticket_kernel[(n_programs,)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,

@@ -244,7 +244,7 @@ class Scratch:
                    torch.empty(part_shape, device=dev, dtype=torch.float32),
                    torch.zeros(count_shape, device=dev, dtype=torch.int32),
                    ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else (),
-                   out_sync_scratch(n_rows, cfg, dev))  # fmt: skip
+                   out_sync_scratch(n_rows, dim, cfg, dev))  # fmt: skip
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
