@@ -153,7 +153,7 @@ def run_level(
 
     handles = [sched.submit(r, on_tokens=on_tokens(i)) for i, r in enumerate(requests)]
     rounds = [(0.0, 0, 0, len(requests), 0)]  # after each pump: (s, steps, active, waiting, syncs)
-    with counting_syncs(count_syncs and engine.device.type == "cuda") as syncs, counting_gc() as collected:
+    with counting_syncs(count_syncs and on_gpu) as syncs, counting_gc() as collected:
         is_busy = True
         while is_busy:
             is_busy = sched.pump()

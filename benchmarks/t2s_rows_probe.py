@@ -115,9 +115,8 @@ def timelines(args) -> dict:
     rows_out, configs = [], {}
     for length in (int(n) for n in args.lengths.split(",")):
         n_slots = bucket(length, args.max_slots)
-        base = configs[length] = mk.config_for(
-            dim, ffn_dim, n_head, vocab, args.rows, n_slots
-        )  # as the engine
+        # the table as the engine takes it for this step (its bucket changes included)
+        base = configs[length] = mk.config_for(dim, ffn_dim, n_head, vocab, args.rows, n_slots)
         inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
         for name in args.timeline:
             cfg = chain_config(name, base)
@@ -148,12 +147,9 @@ def probe(args) -> dict:
         late = dataclasses.replace(base, pdl=True, pdl_late=True)  # the next kernel launched after the wait
         # the out-projection in the attention kernel toggled (turning it on turns prenorm on, which it needs)
         out = dataclasses.replace(base, attn_out=not base.attn_out, prenorm=base.prenorm or not base.attn_out)
-        tickets = dataclasses.replace(
-            base, ffn_tickets=not base.ffn_tickets
-        )  # ffn1 + ffn2: one kernel or two
-        evict = dataclasses.replace(
-            base, kv_evict_first=not base.kv_evict_first
-        )  # K/V's L2 policy: same values
+        # ffn1 + ffn2 as one kernel or two; K/V's L2 policy (the same values)
+        tickets = dataclasses.replace(base, ffn_tickets=not base.ffn_tickets)
+        evict = dataclasses.replace(base, kv_evict_first=not base.kv_evict_first)
         inputs = random_inputs(args.size, args.rows, length, args.max_slots, dtype, args.device)
         k0, v0 = inputs[2].clone(), inputs[3].clone()  # every variant writes the same k, v at `length`
         want = grouped(inputs, n_slots, base, 1)().clone()

@@ -67,8 +67,9 @@ class MmaConfig:
     # normalises the row block once (LN1 -> x_ffn); W_o read once a row block, not once a (row, head)
     out_tickets: bool = False
     # with out_tickets, the registers a thread of that kernel may use (Triton's maxnreg; 0: the compiler's
-    # choice, 240 at v3's shapes for the tiles' row-block norm, which leaves an SM 4 attention programs, not
-    # 10); what ptxas allots and spills, not which operations: no effect on results
+    # choice, 240 at v3's shapes for the tiles' row-block norm: 4 programs an SM, not the attention's 10;
+    # capped at 168 no faster, at 128 / 96 slower, session 32); what ptxas allots and spills, not which
+    # operations: no effect on results
     out_tickets_regs: int = 0
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
