@@ -126,18 +126,23 @@ def gaps_by_pair(events: list[dict], min_us: float = 1.0, top: int = 8) -> list[
     return [{"after": a, "before": b, **row} for (a, b), row in ranked]
 
 
+TOP_KERNELS = 16  # loop_against_replay's kernels by name, the largest summed times
+
+
 def loop_against_replay(loop: list[dict], replay: list[dict]) -> dict:
     """A serving loop's kernels against its graphs replayed alone (each a whole traced run), each read over
     the middle half of its trace (the steady state: no admission, no tail): the window, its kernels, the
-    share of it the device is busy and idle, its gaps of 2 us or more (`gaps_by_pair`), and the kernels only
-    the loop runs (count and summed µs)."""
+    share of it the device is busy and idle, its gaps of 2 us or more (`gaps_by_pair`), its kernels by name
+    (count and summed µs, the TOP_KERNELS largest: a replayed step's cost by kernel), and the kernels only the
+    loop runs."""
     out, names = {}, {}
     for part, events in (("loop", loop), ("replay", replay)):
         span = max(e["start"] + e["dur"] for e in events)
         mid = [e for e in events if span / 4 <= e["start"] < 3 * span / 4]
         s = summary(mid)
         out[part] = {"window_us": s["wall_us"], "n_kernels": s["n_kernels"], "busy_share": s["busy_us"] / s["wall_us"],
-                     "idle_share": s["idle_us"] / s["wall_us"], "gaps": gaps_by_pair(mid, min_us=2.0)}  # fmt: skip
+                     "idle_share": s["idle_us"] / s["wall_us"], "gaps": gaps_by_pair(mid, min_us=2.0),
+                     "kernels": dict(sorted(s["by_name"].items(), key=lambda kv: -kv[1]["us"])[:TOP_KERNELS])}  # fmt: skip
         names[part] = s["by_name"]
     out["loop_only_kernels"] = {k: v for k, v in names["loop"].items() if k not in names["replay"]}
     return out

@@ -106,6 +106,10 @@ def print_report(rows: list[dict], capture_s: float, n_graphs: int) -> None:
             print(f"{r['n_streams']:7d} {part:6} middle half {x['window_us'] / 1e3:.0f} ms: idle {x['idle_share']:.1%};"
                   f" gaps >= 2 us: " +
                   "; ".join(f"{g['after'][:24]} -> {g['before'][:24]} {g['count']}x {g['us']:.0f}us" for g in x["gaps"][:4]))  # fmt: skip
+        if "kernels" in (x := t["replay"]):  # recorded from session 33: the replay's largest kernels
+            print(f"{r['n_streams']:7d} replay kernels (count, us each, summed ms): " +
+                  "; ".join(f"{k[:28]} {v['count']}x {v['us'] / v['count']:.1f}us {v['us'] / 1e3:.1f}ms"
+                            for k, v in x["kernels"].items()))  # fmt: skip
         print(f"{r['n_streams']:7d} loop-only kernels: " +
               "; ".join(f"{k[:32]} {v['count']}x {v['us']:.0f}us" for k, v in t["loop_only_kernels"].items()))  # fmt: skip
 

@@ -123,4 +123,6 @@ def test_loop_against_replay_reads_the_middle_half_of_each_trace(tl):
     assert (
         got["replay"]["n_kernels"] == 4 and got["replay"]["idle_share"] == 0.0 and got["replay"]["gaps"] == []
     )
+    assert got["loop"]["kernels"] == {"step": {"count": 3, "us": 30.0}, "snap": {"count": 1, "us": 10.0}}
+    assert got["replay"]["kernels"] == {"step": {"count": 4, "us": 40.0}}
     assert got["loop_only_kernels"] == {"snap": {"count": 1, "us": 10.0}}
