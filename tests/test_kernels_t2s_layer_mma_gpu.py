@@ -93,7 +93,7 @@ RESULT_FREE_CHANGES = [
     {"gemm_stages": 1}, {"gemm_stages": 3}, {"attn_stages": 2}, {"attn_stages": 3},
     {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
-    {"out_tickets_regs": 128},
+    {"out_tickets_regs": 128}, {"attn_prefetch": True},
 ]  # fmt: skip
 # fields that change a value too, turned on in both configs where a result-free field needs them
 NEEDS = {"out_tickets_regs": {"attn_out": False, "out_tickets": True}}
