@@ -78,12 +78,17 @@ def _attend_tiles(
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     acc = tl.zeros([DH], tl.float32)
     n_tiles = tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)
-    if PREFETCH:  # the next tile's loads issued before this tile's math (registers; masked off past the last)
-        k, v = _load_tile(k_row, v_row, start, n, sks, svs, dims, dmask, BLOCK_S, KV_POLICY)
+    if (
+        PREFETCH
+    ):  # the next tile's loads issued before this tile's math (registers; masked off past the block)
+        end = tl.minimum(
+            n, start + TILES * BLOCK_S
+        )  # the block's live slots: the tiles' masks, as `< n` within
+        k, v = _load_tile(k_row, v_row, start, end, sks, svs, dims, dmask, BLOCK_S, KV_POLICY)
         for t in range(0, n_tiles):
-            k_next, v_next = _load_tile(k_row, v_row, start + (t + 1) * BLOCK_S, n, sks, svs, dims, dmask, BLOCK_S,
+            k_next, v_next = _load_tile(k_row, v_row, start + (t + 1) * BLOCK_S, end, sks, svs, dims, dmask, BLOCK_S,
                                         KV_POLICY)  # fmt: skip
-            live = start + t * BLOCK_S + tl.arange(0, BLOCK_S) < n
+            live = start + t * BLOCK_S + tl.arange(0, BLOCK_S) < end
             m, denom, acc = _tile_step(q, k, v, live, scale, m, denom, acc)
             k, v = k_next, v_next
     else:
