@@ -116,7 +116,7 @@ def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: PDL (and launching the next
     # kernel after the wait), ffn1 + ffn2 as one kernel of tickets (64 rows: four row blocks of ffn2 tiles
     # waiting at once), K/V's L2 policy, the GEMMs' K loops unpipelined or 3 deep, the attention's tile loop
-    # pipelined (cp.async), the rows in one group or in groups of 16 / 32+ rows on parallel streams;
+    # pipelined (cp.async) or its next tile prefetched into registers, the rows in one group or in groups of 16 / 32+ rows on parallel streams;
     # logits, k and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
