@@ -96,13 +96,12 @@ def main() -> None:
     # early and late (the two branches of `_await_previous`)
     cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
     gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
-    # the table's tile loop, a pipelined one and one prefetching the next tile into registers
-    for attn_stages, prefetch in sorted({(cfg.attn_stages, cfg.attn_prefetch), (2, False), (1, True)}):
+    for attn_stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
         compile_sm90(attention._attention_kernel,
                      dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
                           TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
                           BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
-                          STAGES=attn_stages, PREFETCH=prefetch), cfg.attn_warps, 3)  # fmt: skip
+                          STAGES=attn_stages), cfg.attn_warps, 3)  # fmt: skip
     # the attention and the out-projection as one kernel of tickets (MmaConfig.out_tickets)
     compile_sm90(out_tickets._attn_out_ticket_kernel,
                  dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,

@@ -93,7 +93,7 @@ RESULT_FREE_CHANGES = [
     {"gemm_stages": 1}, {"gemm_stages": 3}, {"attn_stages": 2}, {"attn_stages": 3},
     {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
-    {"out_tickets_regs": 128}, {"attn_prefetch": True},
+    {"out_tickets_regs": 128},
 ]  # fmt: skip
 # fields that change a value too, turned on in both configs where a result-free field needs them
 NEEDS = {"out_tickets_regs": {"attn_out": False, "out_tickets": True}}
@@ -116,7 +116,7 @@ def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: PDL (and launching the next
     # kernel after the wait), ffn1 + ffn2 as one kernel of tickets (64 rows: four row blocks of ffn2 tiles
     # waiting at once), K/V's L2 policy, the GEMMs' K loops unpipelined or 3 deep, the attention's tile loop
-    # pipelined (cp.async) or its next tile prefetched into registers, the rows in one group or in groups of 16 / 32+ rows on parallel streams;
+    # pipelined (cp.async), the rows in one group or in groups of 16 / 32+ rows on parallel streams;
     # logits, k and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -61,7 +61,7 @@ def _attend_item(
     # h, b) without the out-projection; the program that stores the head's output counts it on b's row block
     b, h, split = t // (N_HEAD * n_splits), (t // n_splits) % N_HEAD, t % n_splits
     m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
-                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES, False)  # fmt: skip
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
     dims = tl.arange(0, DH)
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty

@@ -30,44 +30,16 @@ ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (Mm
 
 
 @triton.jit
-def _load_tile(k_row, v_row, first, n, sks, svs, dims, dmask, BLOCK_S: tl.constexpr, KV_POLICY: tl.constexpr):
-    # the K and V of slots [first, first + BLOCK_S) below n (0 elsewhere; a tile past n loads nothing)
-    slots = first + tl.arange(0, BLOCK_S)
-    kv_mask = (slots < n)[:, None] & dmask[None, :]
-    k = tl.load(
-        k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-    )
-    v = tl.load(
-        v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-    )
-    return k, v
-
-
-@triton.jit
-def _tile_step(q, k, v, live, scale, m, denom, acc):
-    # one tile of the online softmax: (m, sum, values) updated with the tile's live slots (the plain loop's
-    # math, which stays written out in `_attend_tiles` so that its code is the same as before PREFETCH)
-    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
-    alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-    p = tl.exp(s - m_new)
-    denom = denom * alpha + tl.sum(p, axis=0)
-    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-    return m_new, denom, acc
-
-
-@triton.jit
 def _attend_tiles(
     q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-    KV_POLICY: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
     # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
     # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge). STAGES > 1: Triton
     # pipelines the tiles' K/V loads (cp.async into shared memory, STAGES - 1 tiles ahead; the same values
-    # and operations); 1: each tile's loads, then its math. PREFETCH (MmaConfig.attn_prefetch, STAGES 1): each
-    # tile's math after the next tile's loads are issued, kept in registers (the same values and operations).
+    # and operations); 1: each tile's loads, then its math.
     dims = tl.arange(0, DH)
     dmask = dims < HEAD_DIM
     q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
@@ -77,45 +49,24 @@ def _attend_tiles(
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     acc = tl.zeros([DH], tl.float32)
-    n_tiles = tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)
-    if (
-        PREFETCH
-    ):  # the next tile's loads issued before this tile's math (registers; masked off past the block)
-        end = tl.minimum(
-            n, start + TILES * BLOCK_S
-        )  # the block's live slots: the tiles' masks, as `< n` within
-        k, v = _load_tile(k_row, v_row, start, end, sks, svs, dims, dmask, BLOCK_S, KV_POLICY)
-        for t in range(0, n_tiles):
-            k_next, v_next = _load_tile(k_row, v_row, start + (t + 1) * BLOCK_S, end, sks, svs, dims, dmask, BLOCK_S,
-                                        KV_POLICY)  # fmt: skip
-            live = start + t * BLOCK_S + tl.arange(0, BLOCK_S) < end
-            m, denom, acc = _tile_step(q, k, v, live, scale, m, denom, acc)
-            k, v = k_next, v_next
-    else:
-        # num_stages 1 compiles to the plain loop's code (PTX compared on Triton 3.6 and 3.9)
-        for t in tl.range(0, n_tiles, num_stages=STAGES):
-            slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
-            live = slots < n
-            kv_mask = live[:, None] & dmask[None, :]
-            k = tl.load(
-                k_row + slots[:, None] * sks + dims[None, :],
-                mask=kv_mask,
-                other=0.0,
-                eviction_policy=KV_POLICY,
-            )
-            v = tl.load(
-                v_row + slots[:, None] * svs + dims[None, :],
-                mask=kv_mask,
-                other=0.0,
-                eviction_policy=KV_POLICY,
-            )
-            s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
-            alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-            p = tl.exp(s - m_new)
-            denom = denom * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-            m = m_new
+    # num_stages 1 compiles to the plain loop's code (PTX compared on Triton 3.6 and 3.9)
+    for t in tl.range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES), num_stages=STAGES):
+        slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
+        live = slots < n
+        kv_mask = live[:, None] & dmask[None, :]
+        k = tl.load(
+            k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+        )
+        v = tl.load(
+            v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+        )
+        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+        p = tl.exp(s - m_new)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m = m_new
     return m, denom, acc
 
 
@@ -123,13 +74,13 @@ def _attend_tiles(
 def _attend_block(
     q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks, svb, svh, svs,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-    KV_POLICY: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # block `split` (TILES tiles of BLOCK_S slots) of head h of row b, over the row's slots below its length
     # + 1 (within the bucket's n_slots): `_attend_tiles`' (m, sum, values)
     n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
     return _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks, svb,
-                         svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES, PREFETCH)  # fmt: skip
+                         svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
 
 
 @triton.jit
@@ -139,7 +90,7 @@ def _attention_kernel(
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
     # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
@@ -148,7 +99,7 @@ def _attention_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
-                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES, PREFETCH)  # fmt: skip
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
     dims = tl.arange(0, DH)
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty
@@ -243,5 +194,5 @@ def attention_stage(
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
-        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, PREFETCH=cfg.attn_prefetch, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip

@@ -14,7 +14,7 @@ MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
     "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream "
-    "out_tickets_regs attn_prefetch".split()
+    "out_tickets_regs".split()
 )
 
 
@@ -41,9 +41,6 @@ class MmaConfig:
     # the attention's tile loop: 1, each tile's K/V loads then its math; n > 1, Triton pipelines the loads
     # (cp.async into shared memory, n - 1 tiles ahead; the cache hint of kv_evict_first does not apply)
     attn_stages: int = 1
-    # with attn_stages 1: each attention tile's math after the next tile's loads are issued (kept in
-    # registers, the loads' cache hint kept): when loads issue, no effect on results
-    attn_prefetch: bool = False
     pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+): no effect on results
     # with pdl, a kernel lets the next one launch only once its own wait is over (at most two kernels on
     # the GPU at a time), not at its start: no effect on results
@@ -105,10 +102,6 @@ class MmaConfig:
             raise ValueError("MmaConfig.out_tickets_regs needs out_tickets and 32..255 registers (0: no cap)")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
-        if self.attn_prefetch and self.attn_stages != 1:
-            raise ValueError(
-                "MmaConfig.attn_prefetch needs attn_stages 1 (Triton's pipelining is the other way)"
-            )
         if self.gemm_stages < 1 or self.attn_stages < 1:
             raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
