@@ -103,20 +103,13 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     rowstests) step rows-tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma.py tests/test_kernels_t2s_layer_mma_gpu.py ;;
     mmagrid) step t2s-layer-mmagrid "${GRID_LIMIT:-320}" python3 benchmarks/t2s_layer_bench.py --mma-grid --rows 64 \
         --check-rows 16,128 --grid-budget-s "${GRID_BUDGET:-240}" --out "$OUT/t2s_layer_mmagrid_h200.json" ;;
-    # session 32's open questions, one call (~5 min; SUFFIX=_h100 / _h200 names the files): the out-projection's
-    # tiles in the attention's launch (MmaConfig.out_tickets, off in the table) with its GPU tests and those of its
-    # register cap; the table's H100 choices (two row groups, K/V evict_first) on this card at three KV lengths;
-    # then the engine with the table and with out_tickets (whose tiles need attn_out off)
-    outtiles) step out-tiles-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/test_kernels_t2s_layer_mma_gpu.py -k "ticketed or out_tickets_regs" \
-      ; step out-tiles-probe 170 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 240,480,730 \
-        --variants "chain;chain attn_out=False;chain attn_out=False out_tickets=True;chain row_groups=1;chain \
-kv_evict_first=False;chain row_groups=1 kv_evict_first=False" --out "$OUT/t2s_rows_probe_out_tiles${SUFFIX:-}.json" \
-      ; for name in table out_tickets; do
-        change=""; [ "$name" = out_tickets ] && change="--mma-change=attn_out=false,out_tickets=true"
-        step "engine-$name" 150 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
-          --no-sync-count $change --out "$OUT/t2s_batch_triton${SUFFIX:-}_$name.json"
-      done ;;
+    # the table's H100 choices (two row groups, K/V evict_first) on this card at three KV lengths, then the engine
+    # with the table (~3.5 min; SUFFIX=_h100 / _h200 names the files): whether an H200 wants them too
+    tablecheck) step table-probe 170 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 240,480,730 \
+        --variants "chain;chain row_groups=1;chain kv_evict_first=False;chain row_groups=1 kv_evict_first=False" \
+        --out "$OUT/t2s_rows_probe_table${SUFFIX:-}.json"
+      step engine-table 150 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
+        --no-sync-count --out "$OUT/t2s_batch_triton${SUFFIX:-}_table.json" ;;
     # session 12: the many-row stack at 64 rows as one chain, PDL on/off, attn_out on/off (PROBE_GROUPS=2,4: row
     # groups on parallel streams); PROBE_NCU=1: then ncu's time of every kernel of one eager step at 1 and 64 rows
     rowsprobe) step t2s-rows-probe "${PROBE_LIMIT:-300}" python3 benchmarks/t2s_rows_probe.py \

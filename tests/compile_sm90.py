@@ -19,7 +19,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from voicehub.runtime.kernels import row_noise_triton as noise
-from voicehub.runtime.kernels import t2s_attn_out_ticket_triton as out_tickets
 from voicehub.runtime.kernels import t2s_ffn_ticket_triton as ticket
 from voicehub.runtime.kernels import t2s_layer_mma_attention_triton as attention
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mma
@@ -102,12 +101,6 @@ def main() -> None:
                           TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
                           BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
                           STAGES=attn_stages), cfg.attn_warps, 3)  # fmt: skip
-    # the attention and the out-projection as one kernel of tickets (MmaConfig.out_tickets)
-    compile_sm90(out_tickets._attn_out_ticket_kernel,
-                 dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
-                      TILES=cfg.attn_tiles, SPLITS=1, KV_POLICY=attention.kv_policy(cfg), STAGES=cfg.attn_stages,
-                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False,
-                      PDL=0), cfg.attn_warps, out_tickets.OUT_TILE_STAGES)  # fmt: skip
     warps = cfg.gemm_warps
     for depth, stages in enumerate(gemm_depths()):
         for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)

@@ -13,8 +13,7 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream "
-    "out_tickets_regs".split()
+    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
 )
 
 
@@ -61,16 +60,6 @@ class MmaConfig:
     # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
     # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
-    # the out-projection's tiles in the attention kernel's launch (`t2s_attn_out_ticket_triton`, needs prenorm,
-    # attn_out off, out_splits 1): the (row, head) attentions' programs first, then a tile per (row block,
-    # block_n outputs) that waits for its row block's heads, multiplies as the out-proj kernel does and
-    # normalises the row block once (LN1 -> x_ffn); W_o read once a row block, not once a (row, head)
-    out_tickets: bool = False
-    # with out_tickets, the registers a thread of that kernel may use (Triton's maxnreg; 0: the compiler's
-    # choice, 240 at v3's shapes for the tiles' row-block norm: 4 programs an SM, not the attention's 10;
-    # capped at 168 no faster, at 128 / 96 slower, session 32); what ptxas allots and spills, not which
-    # operations: no effect on results
-    out_tickets_regs: int = 0
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
@@ -94,21 +83,13 @@ class MmaConfig:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
-        if self.out_tickets and (self.attn_out or not self.prenorm or self.out_splits != 1):
-            raise ValueError(
-                "MmaConfig.out_tickets needs prenorm, attn_out off and out_splits 1 (its tiles store LN1)"
-            )
-        if self.out_tickets_regs and not (self.out_tickets and 32 <= self.out_tickets_regs <= 255):
-            raise ValueError("MmaConfig.out_tickets_regs needs out_tickets and 32..255 registers (0: no cap)")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         if self.gemm_stages < 1 or self.attn_stages < 1:
             raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
             # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
-            spared = name in ("gemm_stages", "attn_stages", "out_tickets_regs") or (
-                name == "ffn_slices" and value == 0
-            )
+            spared = name in ("gemm_stages", "attn_stages") or (name == "ffn_slices" and value == 0)
             if isinstance(value, bool) or spared:
                 continue
             if value < 1 or value & (value - 1):
@@ -147,6 +128,10 @@ class MmaConfig:
 # 1,370 / 1,444 against this entry's 1,237-1,251 / 1,354-1,356 at KV 480 / 730: both stay.
 # gemm_stages 3 (t2s_rows_probe_h100_ee9efac_stages.json, bit-equal): 1,244-1,255 -> 1,161 us at KV 480, 1,348-1,351 ->
 # 1,375 at 730; in the engine (session 31) a gain only at 64 rows and up to 512 slots: BUCKET_CHANGES below.
+# Sessions 31-33 (removed): the out-projection's tiles in the attention's launch (out_tickets; tiles waiting on
+# their row block's heads) 1,544 us against the two kernels' 1,313 and this entry's 1,168 at 64 rows, KV 480 (H100,
+# t2s_rows_probe_out_tiles_h100_2f14ef0.json); the attention's next K/V tile prefetched into registers (187 registers)
+# 1,317, attn_stages 2 with two row groups 1,300 (t2s_rows_probe_attn_prefetch_h100_2f14ef0.json).
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,

@@ -9,8 +9,7 @@ re-reads every weight tile per row group. Here each GEMM program multiplies BLOC
   attention  one program per (row, head, block of slots), online softmax below the row's length, the
              blocks merged in a fixed order, the head's 32 values rounded to the model dtype
              (`t2s_layer_mma_attention_triton`; with attn_out, the v3 table's choice, its programs also
-             do the out-projection and LN1, and the out-proj kernel is skipped: four kernels a layer;
-             with out_tickets the out-proj's tiles join its launch, `t2s_attn_out_ticket_triton`);
+             do the out-projection and LN1, and the out-proj kernel is skipped: four kernels a layer);
   out-proj   attn @ W_o^T, stored as fp32 (no atomics: each program owns its outputs, whole K, or
              with out_splits > 1 a fixed part of K, summed in split order by the last to finish);
   ffn1       LN1(x + out + b_o) @ W1^T + b1, relu, stored in the model dtype (as torch rounds it);
@@ -37,12 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.t2s_attn_out_ticket_triton import attention_out_ticket_stage, out_sync_scratch
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
 from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
-from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage as attention_kernel_stage
-from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attn_span
+from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
     _a_dot,
@@ -201,8 +198,7 @@ class Scratch:
     (int32, zero between kernels); with prenorm, row_count: int32 per row block (zero between kernels),
     the out-proj / ffn2 normalisers'; with attn_out, out_part [B, H, D] fp32 (each head's share of the
     out-projection) and out_count [B] int32, zero between kernels (one-element placeholders without it);
-    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters); with out_tickets,
-    out_sync (`out_sync_scratch`)."""
+    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters)."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -222,7 +218,6 @@ class Scratch:
     out_part: torch.Tensor
     out_count: torch.Tensor
     ticket: tuple  # the ticketed FFN's partials and counters (`ticket_scratch`), () without it
-    out_sync: torch.Tensor  # the ticketed attention + out-projection's counters (`out_sync_scratch`)
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
@@ -243,8 +238,7 @@ class Scratch:
                    row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
                    torch.empty(part_shape, device=dev, dtype=torch.float32),
                    torch.zeros(count_shape, device=dev, dtype=torch.int32),
-                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else (),
-                   out_sync_scratch(n_rows, dim, cfg, dev))  # fmt: skip
+                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else ())  # fmt: skip
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
@@ -292,20 +286,10 @@ def linear_stage(
     )  # fmt: skip
 
 
-def attention_stage(
-    s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
-    n_slots: int, eps: float, cfg: MmaConfig,
-) -> None:  # fmt: skip
-    """The attention kernel (`t2s_layer_mma_attention_triton`), or with cfg.out_tickets the attention and the
-    out-projection in one launch (`t2s_attn_out_ticket_triton`; out_proj_stage then does nothing)."""
-    stage = attention_out_ticket_stage if cfg.out_tickets else attention_kernel_stage
-    stage(s, layer, k_layer, v_layer, lengths, n_slots, eps, cfg)
-
-
 def out_proj_stage(s: Scratch, layer: LayerWeights, eps: float, cfg: MmaConfig) -> None:
     """s.attn @ W_o^T -> s.out_attn (fp32, bias-free); cfg.prenorm: LN1(s.x_attn + that + b_o) -> s.x_ffn.
-    cfg.attn_out or cfg.out_tickets: nothing (the attention's launch stored LN1)."""
-    if cfg.attn_out or cfg.out_tickets:
+    cfg.attn_out: nothing (the attention kernel stored LN1)."""
+    if cfg.attn_out:
         return
     norm = (s.x_attn, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_ffn) if cfg.prenorm else None
     linear_stage(s, s.attn, layer.out_weight, s.out_attn, cfg.out_splits, cfg, norm, eps)
