@@ -1,6 +1,7 @@
-"""Shared inputs of the fused T2S decode stack tests (test_kernels_t2s_layer*.py): random weights, caches and embeddings at a tiny shape (and the
-full v3 size for the GPU), NaN in the cache slots past each row's length, and the full-size check against
-the fp32 definition. Not a test module: the test modules import these names.
+"""Shared inputs of the fused T2S decode stack tests (test_kernels_t2s_layer*.py): random weights, caches
+and embeddings at a tiny shape (and the full v3 size for the GPU), NaN in the cache slots past each row's
+length, and the full-size check against the fp32 definition. Not a test module: the test modules import
+these names.
 """
 
 from __future__ import annotations
