@@ -165,6 +165,26 @@ def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
             torch.testing.assert_close(cache, cache_want, rtol=0, atol=0, equal_nan=True)
 
 
+def test_a_steps_counters_are_zeroed_together_and_every_kernel_leaves_them_at_zero(mk):
+    # split-K, prenorm and attn_out each count: the groups' counters are zeroed together (one fill in a
+    # step's graph), and a step leaves them at 0, so the same scratch serves the next step as it is
+    cfg = mk.MmaConfig(**BLOCKS, **SPLITS, prenorm=True, attn_out=True, row_groups=2)
+    x, w, k, v, lengths = stack_inputs(34, torch.float32, (LENGTHS * 2)[:34])
+    spans = mk.row_spans(34, cfg)
+    scratch = mk.Scratch.allocate_groups([hi - lo for lo, hi in spans], w, k.shape[3], cfg)
+    for s in scratch:
+        assert {id(c) for c in s.counters} == {id(s.gemm_count), id(s.row_count), id(s.out_count)}
+        assert not any(c.any() for c in s.counters)
+    want = mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg)
+    for _ in range(2):
+        got = torch.empty_like(want)
+        mk.step_groups(scratch, spans, x, w, k.clone(), v.clone(), lengths, N_SLOTS, cfg, got)
+        assert torch.equal(got, want)
+        assert not any(c.any() for s in scratch for c in s.counters)
+    # nothing counts: no counters, no fill (the one-element placeholders are never read)
+    assert mk.Scratch.allocate(34, w, k.shape[3], mk.MmaConfig(**BLOCKS)).counters == ()
+
+
 @pytest.mark.parametrize("splits", [1, 2, 8])
 def test_split_linear_sums_in_a_fixed_order_and_leaves_its_counters_at_zero(mk, splits):
     # K 128 in chunks of 16: 8 chunks in 1, 2 or 8 splits; twice on one scratch (the counters reset)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import CounterFactory, zeroed_counters
+
 
 @triton.jit
 def _residual_sum(res_ptr, out_ptr, bias_ptr, rows, cols, mask, dim, dtype: tl.constexpr):
@@ -81,9 +83,11 @@ def _keeps(pid, STORED: tl.constexpr):
     return keep
 
 
-def row_block_counters(n_rows: int, block_m: int, is_on: bool, device: torch.device) -> torch.Tensor:
-    """int32 counters, one per row block, zeroed (each use leaves them at 0); a placeholder when off (no
-    memset joins the step's graph)."""
+def row_block_counters(
+    n_rows: int, block_m: int, is_on: bool, device: torch.device, counters: CounterFactory | None = None
+) -> torch.Tensor:
+    """int32 counters, one per row block, from `counters` (zeroed; each use leaves them at 0); a
+    placeholder when off (no memset joins the step's graph)."""
     if not is_on:
         return torch.empty(1, device=device, dtype=torch.int32)
-    return torch.zeros(triton.cdiv(n_rows, block_m), device=device, dtype=torch.int32)
+    return (counters or zeroed_counters(device))(triton.cdiv(n_rows, block_m))

@@ -13,6 +13,8 @@ the same alone or in any batch. No float atomics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -55,16 +57,27 @@ def k_span(n_in: int, block_k: int, splits: int) -> int:
     return triton.cdiv(triton.cdiv(n_in, block_k), splits) * block_k
 
 
+# int32 counters [n], at 0 when the next kernel runs: zeroed when made (`zeroed_counters`), or all of a
+# step's counters later by one fill (`t2s_layer_mma_triton.Scratch.allocate_groups`)
+CounterFactory = Callable[[int], torch.Tensor]
+
+
+def zeroed_counters(device: torch.device) -> CounterFactory:
+    """Counters zeroed when made, one fill each."""
+    return lambda n: torch.zeros(n, device=device, dtype=torch.int32)
+
+
 def split_scratch(
-    n_rows: int, block_m: int, gemms: list[tuple[int, int, int]], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(part fp32, count int32 zeroed) large enough for every GEMM of `gemms`: (n_out, block_n, splits).
-    One pair serves every GEMM in turn: each leaves the counters at 0 when it ends (zeroed here once per
-    call: a scratch reused across calls stays valid)."""
+    n_rows: int, block_m: int, gemms: list[tuple[int, int, int]], device: torch.device,
+    counters: CounterFactory | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(part fp32, count int32 from `counters`) large enough for every GEMM of `gemms`: (n_out, block_n,
+    splits). One pair serves every GEMM in turn: each leaves the counters at 0 when it ends (zeroed
+    once per call: a scratch reused across calls stays valid)."""
     row_blocks = triton.cdiv(n_rows, block_m)
     tiles = [row_blocks * triton.cdiv(n_out, block_n) for n_out, block_n, _ in gemms]
     parts = [t * s * block_m * bn for t, (_, bn, s) in zip(tiles, gemms) if s > 1]
     part = torch.empty(max(parts, default=1), device=device, dtype=torch.float32)
     if not parts:  # no split GEMM: nothing counts, and no memset joins the step's graph
         return part, torch.empty(1, device=device, dtype=torch.int32)
-    return part, torch.zeros(max(tiles), device=device, dtype=torch.int32)
+    return part, (counters or zeroed_counters(device))(max(tiles))

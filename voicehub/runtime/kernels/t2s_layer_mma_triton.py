@@ -198,7 +198,8 @@ class Scratch:
     (int32, zero between kernels); with prenorm, row_count: int32 per row block (zero between kernels),
     the out-proj / ffn2 normalisers'; with attn_out, out_part [B, H, D] fp32 (each head's share of the
     out-projection) and out_count [B] int32, zero between kernels (one-element placeholders without it);
-    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters)."""
+    with ffn_tickets, ticket (`ticket_scratch`: the ticketed FFN's partials and counters). counters: every
+    int32 counter above that a kernel counts on (placeholders not), at 0 before a step's first kernel."""
 
     q: torch.Tensor
     x_attn: torch.Tensor
@@ -218,10 +219,36 @@ class Scratch:
     out_part: torch.Tensor
     out_count: torch.Tensor
     ticket: tuple  # the ticketed FFN's partials and counters (`ticket_scratch`), () without it
+    counters: tuple[torch.Tensor, ...] = ()
 
     @classmethod
     def allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
+        """One row group's scratch, its counters zeroed (one fill)."""
+        return cls.allocate_groups([n_rows], weights, max_slots, cfg)[0]
+
+    @classmethod
+    def allocate_groups(
+        cls, group_rows: list[int], weights: StackWeights, max_slots: int, cfg: MmaConfig
+    ) -> list[Scratch]:
+        """A scratch per row group (`row_spans`), every group's counters zeroed by one fill: each
+        counter would otherwise be a memset of its own in the step's graph (~1 us each on an H100)."""
+        pending: list[torch.Tensor] = []
+        scratch = [cls._allocate(n, weights, max_slots, cfg, pending) for n in group_rows]
+        if pending:
+            torch._foreach_zero_(pending)  # one multi-tensor kernel on CUDA
+        return scratch
+
+    @classmethod
+    def _allocate(
+        cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig, pending: list[torch.Tensor]
+    ) -> Scratch:
         dim, dtype, dev = weights.head_weight.shape[1], weights.head_weight.dtype, weights.head_weight.device
+        made: list[torch.Tensor] = []
+
+        def counters(n: int) -> torch.Tensor:  # zeroed by allocate_groups, with every group's
+            made.append(torch.empty(n, device=dev, dtype=torch.int32))
+            return made[-1]
+
         ffn_dim = weights.layers[0].ffn1_weight.shape[0]
         xs = torch.empty(4, n_rows, dim, device=dev, dtype=dtype)
         outs = torch.empty(2, n_rows, dim, device=dev, dtype=torch.float32)
@@ -232,13 +259,16 @@ class Scratch:
             gemms.append(fused_scratch_gemm(dim, cfg.ffn_slices))
         else:
             gemms += [(ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]
-        part_shape, count_shape = ((n_rows, weights.n_head, dim), (n_rows,)) if cfg.attn_out else ((1,), (1,))
-        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, attn_span(cfg)),
-                   *split_scratch(n_rows, cfg.block_m, gemms, dev),
-                   row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev),
-                   torch.empty(part_shape, device=dev, dtype=torch.float32),
-                   torch.zeros(count_shape, device=dev, dtype=torch.int32),
-                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev) if cfg.ffn_tickets else ())  # fmt: skip
+        part_shape = (n_rows, weights.n_head, dim) if cfg.attn_out else (1,)
+        out_count = counters(n_rows) if cfg.attn_out else torch.empty(1, device=dev, dtype=torch.int32)
+        s = cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, attn_span(cfg)),
+                *split_scratch(n_rows, cfg.block_m, gemms, dev, counters),
+                row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev, counters),
+                torch.empty(part_shape, device=dev, dtype=torch.float32), out_count,
+                ticket_scratch(n_rows, dim, ffn_dim, cfg, dev, counters) if cfg.ffn_tickets else (),
+                tuple(made))  # fmt: skip
+        pending += made
+        return s
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
@@ -398,6 +428,6 @@ def decode_stack_mma(
     cfg = config or config_for(dim, ffn_dim, weights.n_head, vocab, n_rows, n_slots)
     logits = torch.empty(n_rows, vocab, device=x.device, dtype=x.dtype)
     spans = row_spans(n_rows, cfg)
-    scratch = [Scratch.allocate(hi - lo, weights, k_cache.shape[3], cfg) for lo, hi in spans]
+    scratch = Scratch.allocate_groups([hi - lo for lo, hi in spans], weights, k_cache.shape[3], cfg)
     step_groups(scratch, spans, x, weights, k_cache, v_cache, lengths, n_slots, cfg, logits)
     return logits
