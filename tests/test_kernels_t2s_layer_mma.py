@@ -20,8 +20,10 @@ from t2s_layer_inputs import (
     N_SLOTS,
     SHAPE,
     as_float,
+    random_embed,
     random_weights,
     stack_inputs,
+    token_inputs,
     weights_as,
 )
 from test_kernels import rel_l2
@@ -33,7 +35,7 @@ from voicehub.models.gpt_sovits.t2s.scheduler import T2SRowEngine
 from voicehub.models.gpt_sovits.t2s.static import StaticDecodeConfig, StepKernels, T2SRequest
 from voicehub.runtime.kernels import registry
 from voicehub.runtime.kernels import t2s_layer as ref
-from voicehub.runtime.kernels.registry import T2S_LAYER_STACK, T2S_LAYER_STACK_ROWS
+from voicehub.runtime.kernels.registry import T2S_EMBED_STACK_ROWS, T2S_LAYER_STACK, T2S_LAYER_STACK_ROWS
 from voicehub.runtime.scheduler import ContinuousScheduler
 
 FP32_TOL, FP16_TOL = 1e-5, 1e-2  # rel. L2
@@ -322,6 +324,27 @@ def test_registry_serves_the_rows_op_with_the_shapes_own_blocks(mk):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embed_rows_op_is_the_embedding_then_the_rows_stack_bit_for_bit(mk, dtype):
+    # one kernel for torch's gathers, product and sum (`embed_audio_at`): the stack sees the same x
+    cfg = mk.MmaConfig(**BLOCKS, **SPLITS, prenorm=True, attn_out=True)
+    _, w, k, v, lengths = stack_inputs(18, dtype, LENGTHS)
+    embed, (tokens, pos) = random_embed(50, 200, SHAPE["dim"], dtype), token_inputs(18)
+    x = ref.embed_reference(tokens, pos, embed)
+    k_want, v_want = k.clone(), v.clone()
+    want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=cfg)
+    got = mk.embed_stack_mma(tokens, pos, embed, w, k, v, lengths, N_SLOTS, config=cfg)
+    assert torch.equal(got, want) and not got.isnan().any()
+    for cache, cache_want in ((k, k_want), (v, v_want)):
+        torch.testing.assert_close(cache, cache_want, rtol=0, atol=0, equal_nan=True)
+    assert registry.reference(T2S_EMBED_STACK_ROWS) is ref.embed_stack_reference
+    assert registry.get(T2S_EMBED_STACK_ROWS, "triton") is mk.embed_stack_mma
+    with pytest.raises(ValueError, match="integer tokens"):
+        mk.embed_stack_mma(tokens.float(), pos, embed, w, k, v, lengths, N_SLOTS)
+    with pytest.raises(ValueError, match="caches"):
+        mk.embed_stack_mma(tokens[:3], pos[:3], embed, w, k, v, lengths, N_SLOTS)
+
+
 def test_stack_asks_the_table_for_the_steps_rows_and_kv_bucket(mk, monkeypatch):
     # the table's entry for this step (BUCKET_CHANGES: RESULT_FREE fields chosen by the batch and the cache)
     x, w, k, v, lengths = stack_inputs(3, torch.float32, [3, 0, 17])
@@ -392,6 +415,9 @@ def test_row_engine_steps_with_the_rows_stack_and_single_streams_keep_theirs(tin
 
     kernels = StepKernels(layer_stack=counting("layers"), layer_stack_rows=counting("rows"))
     assert kernels.for_rows().layer_stack is kernels.layer_stack_rows
+    assert kernels.for_rows().embed_stack is None  # no rows embed op: the model's embedding, then the stack
+    embed_rows = dataclasses.replace(kernels, embed_stack_rows=ref.embed_stack_reference)
+    assert embed_rows.for_rows().embed_stack is ref.embed_stack_reference
     assert StepKernels(layer_stack=kernels.layer_stack).for_rows().layer_stack is kernels.layer_stack
     model, config = tiny
     engine = T2SRowEngine(model, ENGINE, preset="off")
@@ -413,6 +439,7 @@ def test_row_engine_greedy_tokens_with_the_mma_stack_equal_eager(mk, tiny):
         StepKernels(
             layer_stack=registry.resolve(T2S_LAYER_STACK, "triton", "cpu"),
             layer_stack_rows=registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cpu"),
+            embed_stack_rows=registry.resolve(T2S_EMBED_STACK_ROWS, "triton", "cpu"),
         )
     )
     sched = ContinuousScheduler(engine)

@@ -1,7 +1,8 @@
 """The many-row T2S stack (`t2s_layer_mma_triton`) at full size on a CUDA GPU: against the torch
 definition, batch invariance, the fields of RESULT_FREE bitwise (PDL, tickets, L2 policy, pipelined
-GEMM K loops and attention tiles, row groups and their streams), and row groups inside a CUDA graph
-capture. The CPU interpreter's tests of the same kernels are in test_kernels_t2s_layer_mma.py.
+GEMM K loops and attention tiles, row groups and their streams), row groups inside a CUDA graph
+capture, and the rows embed op (T2S_EMBED_STACK_ROWS) in one. The CPU interpreter's tests of the same
+kernels are in test_kernels_t2s_layer_mma.py.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import importlib
 
 import pytest
 import torch
-from t2s_layer_inputs import FULL, check_full_size_stack, random_weights
+from t2s_layer_inputs import FULL, check_full_size_stack, random_embed, random_weights
 from test_kernels_t2s_layer_mma import MODULE
 
 from voicehub.runtime.kernels import registry
-from voicehub.runtime.kernels.registry import T2S_LAYER_STACK_ROWS
+from voicehub.runtime.kernels import t2s_layer as ref
+from voicehub.runtime.kernels.registry import T2S_EMBED_STACK_ROWS, T2S_LAYER_STACK_ROWS
 
 
 @pytest.mark.gpu
@@ -172,3 +174,32 @@ def test_cuda_row_groups_capture_in_a_graph_and_replay_the_same_bits(attn_stream
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(got, want) and torch.equal(k, kw) and torch.equal(v, vw)
+
+
+@pytest.mark.gpu
+def test_cuda_embed_rows_op_is_the_embedding_then_the_stack_bitwise_in_a_graph():
+    # T2S_EMBED_STACK_ROWS (one embedding kernel, then the table's stack, the groups' counters zeroed by one
+    # fill) captured and replayed twice: logits, k and v bitwise the x-taking op's on torch's embedding
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    stack = registry.resolve(T2S_LAYER_STACK_ROWS, "triton", "cuda")
+    embed_stack = registry.resolve(T2S_EMBED_STACK_ROWS, "triton", "cuda")
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    embed = random_embed(FULL["vocab"], 2048, FULL["dim"], torch.float16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(6)
+    lengths = torch.randint(0, 1024, (64,), generator=g, device="cuda")
+    tokens = torch.randint(0, FULL["vocab"], (64,), generator=g, device="cuda")
+    pos = torch.randint(0, 2048, (64,), generator=g, device="cuda")
+    shape = (FULL["n_layer"], 64, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
+    kw, vw = k.clone(), v.clone()
+    want = stack(ref.embed_reference(tokens, pos, embed), w, kw, vw, lengths, 1024)
+    embed_stack(tokens, pos, embed, w, k.clone(), v.clone(), lengths, 1024)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = embed_stack(tokens, pos, embed, w, k, v, lengths, 1024)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want) and torch.equal(k, kw) and torch.equal(v, vw)
+    assert not want.isnan().any()

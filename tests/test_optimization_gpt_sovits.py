@@ -120,6 +120,7 @@ def test_triton_transform_routes_the_t2s_graph_decoder_and_undoes(model, monkeyp
     want = StepKernels(
         layer_stack=stubs[registry.T2S_LAYER_STACK],
         layer_stack_rows=stubs[registry.T2S_LAYER_STACK_ROWS],
+        embed_stack_rows=stubs[registry.T2S_EMBED_STACK_ROWS],
         sampler=stubs[registry.T2S_SAMPLE_STEP],
         row_noise=stubs[registry.ROW_NOISE],
     )

@@ -4,8 +4,8 @@
 BigVGAN's anti-aliased Snake (`BigVGAN.set_activation_kernel`) and the CFM DiT's block ops, with q/k/v
 as one GEMM over packed weights and the attention mask made once per forward (`DiT.set_kernels`; torch
 runs the ops' definitions, triton fused kernels). Triton also runs the T2S graph decoder's layers
-through the fused T2S_LAYER_STACK (T2S_LAYER_STACK_ROWS where an engine batches many streams:
-`StepKernels.for_rows`), its sampling and state updates through T2S_SAMPLE_STEP and an engine's
+through the fused T2S_LAYER_STACK (T2S_EMBED_STACK_ROWS, the embedding and T2S_LAYER_STACK_ROWS, where an
+engine batches many streams: `StepKernels.for_rows`), its sampling and state updates through T2S_SAMPLE_STEP and an engine's
 per-row noise through ROW_NOISE (`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and with
 cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model code
 never picks a kernel: it calls whatever function its instance holds.
@@ -43,6 +43,7 @@ DIT_OPS = (
 T2S_STEP_OPS = (
     registry.T2S_LAYER_STACK,
     registry.T2S_LAYER_STACK_ROWS,
+    registry.T2S_EMBED_STACK_ROWS,
     registry.T2S_SAMPLE_STEP,
     registry.ROW_NOISE,
 )
@@ -122,6 +123,7 @@ def t2s_step_kernels(kernels: dict[str, Callable]) -> StepKernels:
     return StepKernels(
         layer_stack=kernels[registry.T2S_LAYER_STACK],
         layer_stack_rows=kernels[registry.T2S_LAYER_STACK_ROWS],
+        embed_stack_rows=kernels[registry.T2S_EMBED_STACK_ROWS],
         sampler=kernels[registry.T2S_SAMPLE_STEP],
         row_noise=kernels[registry.ROW_NOISE],
     )

@@ -38,6 +38,8 @@ T2S_LAYER_STACK = "t2s_layer_stack"  # f(x, weights, k_cache, v_cache, lengths, 
 T2S_LAYER_STACK_ROWS = "t2s_layer_stack_rows"
 # f(tokens, audio_pos, embed, weights, k_cache, v_cache, lengths, n_slots) -> logits (embedding inside)
 T2S_EMBED_STACK = "t2s_embed_layer_stack"
+# T2S_EMBED_STACK's signature and definition, tiled over blocks of rows (the embedding one kernel)
+T2S_EMBED_STACK_ROWS = "t2s_embed_layer_stack_rows"
 T2S_SAMPLE_STEP = (
     "t2s_sample_step"  # f(logits, q, buf, state, lengths, *, eos, n_blocked, max_steps) -> tokens
 )
@@ -95,6 +97,12 @@ _IMPLEMENTATIONS: MappingProxyType[str, MappingProxyType[Backend, str]] = Mappin
                 Backend.TRITON: f"{_PKG}.t2s_layer_triton:embed_stack_triton",
             }
         ),
+        T2S_EMBED_STACK_ROWS: MappingProxyType(
+            {
+                Backend.TORCH: f"{_PKG}.t2s_layer:embed_stack_reference",
+                Backend.TRITON: f"{_PKG}.t2s_layer_mma_triton:embed_stack_mma",
+            }
+        ),
         T2S_SAMPLE_STEP: MappingProxyType(
             {
                 Backend.TORCH: f"{_PKG}.sample_step:sample_step_reference",
@@ -147,6 +155,7 @@ _REFERENCES = MappingProxyType(
         T2S_LAYER_STACK: f"{_PKG}.t2s_layer:decode_stack_reference",
         T2S_LAYER_STACK_ROWS: f"{_PKG}.t2s_layer:decode_stack_reference",
         T2S_EMBED_STACK: f"{_PKG}.t2s_layer:embed_stack_reference",
+        T2S_EMBED_STACK_ROWS: f"{_PKG}.t2s_layer:embed_stack_reference",
         T2S_SAMPLE_STEP: f"{_PKG}.sample_step:sample_step_reference",
         ROW_NOISE: "voicehub.runtime.row_rng:row_noise",
         DIT_MODULATED_NORM: f"{_PKG}.dit_block:modulated_norm_reference",

@@ -38,7 +38,13 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage, fused_scratch_gemm
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage, ticket_scratch
-from voicehub.runtime.kernels.t2s_layer import LayerWeights, StackWeights, check_args
+from voicehub.runtime.kernels.t2s_layer import (
+    EmbedWeights,
+    LayerWeights,
+    StackWeights,
+    check_args,
+    check_embed_args,
+)
 from voicehub.runtime.kernels.t2s_layer_mma_attention_triton import attention_stage, attn_span
 from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig, config_for
 from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
@@ -59,7 +65,7 @@ from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import (
     k_span,
     split_scratch,
 )
-from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch, attention_scratch
+from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _embed, _launch, attention_scratch
 
 
 @triton.jit
@@ -186,6 +192,16 @@ def _head_kernel(
     )  # fmt: skip
     mask = rmask[:, None] & (outs < vocab)[None, :]
     tl.store(logits_ptr + rows[:, None] * vocab + outs[None, :], acc.to(dtype), mask=mask)
+
+
+@triton.jit
+def _embed_kernel(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, x_ptr, dim, BLOCK_D: tl.constexpr):
+    # x[row] = table[token] + alpha * pe[pos], rounded as `embed_audio_at` stores it (`_embed`)
+    row, cols = tl.program_id(0), tl.arange(0, BLOCK_D)
+    mask = cols < dim
+    dtype = x_ptr.dtype.element_ty
+    x = _embed(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, row, cols, mask, dim, dtype)
+    tl.store(x_ptr + row * dim + cols, x.to(dtype), mask=mask)
 
 
 @dataclass
@@ -423,6 +439,30 @@ def decode_stack_mma(
 
     config: block sizes overriding `config_for` (for tuning; other blocks change the rounding)."""
     check_args(x, weights, k_cache, v_cache, lengths, n_slots)
+    return _run_stack(x, weights, k_cache, v_cache, lengths, n_slots, config)
+
+
+def embed_stack_mma(
+    tokens: torch.Tensor, audio_pos: torch.Tensor, embed: EmbedWeights, weights: StackWeights,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, n_slots: int, *,
+    config: MmaConfig | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The `triton` backend of T2S_EMBED_STACK_ROWS: tokens, audio_pos [B] -> logits [B, V], the contract
+    of T2S_EMBED_STACK tiled over rows: one kernel gathers the embedding (torch's `embed_audio_at` is four:
+    two gathers, a product and a sum), then `decode_stack_mma`, bitwise."""
+    check_embed_args(tokens, audio_pos, embed, weights)
+    dim = weights.head_weight.shape[1]
+    x = torch.empty(tokens.shape[0], dim, device=tokens.device, dtype=weights.head_weight.dtype)
+    check_args(x, weights, k_cache, v_cache, lengths, n_slots)
+    if x.shape[0]:
+        _embed_kernel[(x.shape[0],)](tokens, audio_pos, *embed, x, dim, BLOCK_D=triton.next_power_of_2(dim))
+    return _run_stack(x, weights, k_cache, v_cache, lengths, n_slots, config)
+
+
+def _run_stack(
+    x: torch.Tensor, weights: StackWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    lengths: torch.Tensor, n_slots: int, config: MmaConfig | None,
+) -> torch.Tensor:  # fmt: skip
     (vocab, dim), n_rows = weights.head_weight.shape, x.shape[0]
     ffn_dim = weights.layers[0].ffn1_weight.shape[0]
     cfg = config or config_for(dim, ffn_dim, weights.n_head, vocab, n_rows, n_slots)

@@ -43,6 +43,7 @@ from voicehub.runtime.kernels.t2s_layer import (
 )
 from voicehub.runtime.kernels.t2s_triton_common import (
     _await_previous,
+    _embed,
     _launch,
     _merge_blocks,
     _post_norm_of,
@@ -95,18 +96,6 @@ def _post_norm(res_ptr, acc_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim,
     # LN(residual + rnd(from_fixed(acc) + bias)) of one row: [BLOCK_D] float32, 0 where ~mask
     branch = tl.load(acc_ptr + row * dim + cols, mask=mask, other=0).to(tl.float32) * _UNFIXED
     return _post_norm_of(branch, res_ptr, bias_ptr, nw_ptr, nb_ptr, row, cols, mask, dim, eps, dtype)
-
-
-@triton.jit
-def _embed(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, row, cols, mask, dim, dtype: tl.constexpr):
-    # table[token] + alpha * pe[pos] of one row: [BLOCK_D] float32, rounded to the model's dtype where
-    # `embed_audio_at` stores a tensor (alpha * pe, then the sum), so layer 0 sees torch's input
-    tok = tl.load(tok_ptr + row).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64)
-    e = tl.load(table_ptr + tok * dim + cols, mask=mask, other=0.0).to(tl.float32)
-    p = tl.load(pe_ptr + pos * dim + cols, mask=mask, other=0.0).to(tl.float32)
-    p = (tl.load(alpha_ptr).to(tl.float32) * p).to(dtype).to(tl.float32)
-    return (e + p).to(dtype).to(tl.float32)
 
 
 @triton.jit

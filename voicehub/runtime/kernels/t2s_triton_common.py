@@ -2,8 +2,9 @@
 (`t2s_layer_mma_triton` and its modules).
 
 Programmatic dependent launch (`_await_previous` in a kernel, `_launch` for its launch options), one
-row's post-norm from a branch already summed (`_post_norm_of`), and the attention blocks' fixed-order
-merge (`_merge_blocks`) with the scratch its partials live in (`attention_scratch`).
+row's post-norm from a branch already summed (`_post_norm_of`), one row's input embedding (`_embed`), and
+the attention blocks' fixed-order merge (`_merge_blocks`) with the scratch its partials live in
+(`attention_scratch`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ def _await_previous(PDL: tl.constexpr):
     elif PDL == 2:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def _embed(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, row, cols, mask, dim, dtype: tl.constexpr):
+    # table[token] + alpha * pe[pos] of one row: [BLOCK_D] float32, rounded to the model's dtype where
+    # `embed_audio_at` stores a tensor (alpha * pe, then the sum), so layer 0 sees torch's input
+    tok = tl.load(tok_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    e = tl.load(table_ptr + tok * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    p = tl.load(pe_ptr + pos * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    p = (tl.load(alpha_ptr).to(tl.float32) * p).to(dtype).to(tl.float32)
+    return (e + p).to(dtype).to(tl.float32)
 
 
 @triton.jit

@@ -94,6 +94,8 @@ class StepKernels:
     when set, the step calls it instead of the embedding and the layers, and layer_stack is not used);
     layer_stack_rows: T2S_LAYER_STACK_ROWS, layer_stack's signature tiled for many rows: what an engine
     batching many streams steps with instead of both stacks (`for_rows`); single streams keep layer_stack;
+    embed_stack_rows: T2S_EMBED_STACK_ROWS, embed_stack's signature tiled for many rows (the embedding in
+    one kernel, then layer_stack_rows' layers, bitwise): an engine's embed_stack (`for_rows`);
     sampler: SAMPLE_STEP `f(logits [B, V'], q [B, >= V'], buf, state, lengths | None, *, eos, n_blocked,
     max_steps) -> tokens [B]` (the sampling chain, the stop logic and the state updates of
     `sample_step`, plus the KV-length and position advance of `decode_step`, in one op; the noise q
@@ -106,15 +108,17 @@ class StepKernels:
     layer_stack: Callable[..., torch.Tensor] | None = None
     embed_stack: Callable[..., torch.Tensor] | None = None
     layer_stack_rows: Callable[..., torch.Tensor] | None = None
+    embed_stack_rows: Callable[..., torch.Tensor] | None = None
     sampler: Callable[..., torch.Tensor] | None = None
     row_noise: Callable[..., torch.Tensor] | None = None
 
     def for_rows(self) -> StepKernels:
         """The kernels of an engine of many batched rows (`T2SRowEngine`): layer_stack_rows, when set,
-        as its layer stack (every batch bucket, so a row's numbers do not change with the bucket)."""
+        as its layer stack (every batch bucket, so a row's numbers do not change with the bucket), and
+        embed_stack_rows (None: the model's embedding, then that stack) as its embed stack."""
         if self.layer_stack_rows is None:
             return self
-        return replace(self, layer_stack=self.layer_stack_rows, embed_stack=None)
+        return replace(self, layer_stack=self.layer_stack_rows, embed_stack=self.embed_stack_rows)
 
 
 NATIVE_KERNELS = StepKernels()
