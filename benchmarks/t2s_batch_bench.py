@@ -15,7 +15,8 @@ decision margin is within epsilon); sampled streams against the same stream run 
 engine (per-row streams make them comparable; first divergence reported, no margin available).
 
 --kernels triton steps with the kernels kernel_backend=triton gives the row engine (the many-row layer
-stack t2s_layer_stack_rows and the fused sampler; --rows-stack gemv keeps the one-row GEMV stack, for A/B).
+stack t2s_layer_stack_rows behind its embed op, and the fused sampler; --rows-stack gemv keeps the one-row
+GEMV stack, mma-torch-embed torch's embedding before the stack, for A/B).
 
 Where a level's wall time goes (`breakdown`, from the timed run's rounds): `admit_s` (first submit ->
 every stream has its first token); the admission phase (rounds until the row count is the level's, with
@@ -83,10 +84,13 @@ def stream_request(config, i: int, n_tokens: int) -> T2SRequest:
 def step_kernels(kernels: str, rows_stack: str, device: str) -> StepKernels | None:
     """None (the model's own modules), or what KernelBackendTransform(triton) sets (`t2s_step_kernels`:
     both layer stacks, the row engine using layer_stack_rows, the fused sampler and the row noise);
-    rows_stack "gemv" drops the many-row stack (the row engine then steps with the one-row stack)."""
+    rows_stack "gemv" drops the many-row stack (the row engine then steps with the one-row stack);
+    "mma-torch-embed" keeps it but drops its embed op (torch's embedding before the stack, for A/B)."""
     if kernels == "native":
         return None
     step = t2s_step_kernels({op: registry.resolve(op, kernels, device) for op in T2S_STEP_OPS})
+    if rows_stack == "mma-torch-embed":
+        return replace(step, embed_stack_rows=None)
     return step if rows_stack == "mma" else replace(step, layer_stack_rows=None)
 
 
@@ -265,8 +269,9 @@ def main() -> None:
         choices=["native", "triton"],
         help="triton: the step kernels of kernel_backend=triton (TRITON_INTERPRET=1 on the CPU)",
     )
-    p.add_argument("--rows-stack", default="mma", choices=["mma", "gemv"],
-                   help="with --kernels triton: the many-row layer stack, or the one-row GEMV stack")  # fmt: skip
+    p.add_argument("--rows-stack", default="mma", choices=["mma", "mma-torch-embed", "gemv"],
+                   help="with --kernels triton: the many-row layer stack (mma-torch-embed: torch's embedding before "
+                   "it instead of its embed op), or the one-row GEMV stack")  # fmt: skip
     p.add_argument(
         "--mma-change",
         type=parse_change,
