@@ -1,9 +1,9 @@
 """Compile the T2S step's Triton kernels for Hopper (sm_90) with no GPU: Triton's front end and ptxas.
 
 The many-row stack (the v3 table's config, its GEMM kernels again at each pipelining depth its bucket
-changes use; PDL early and late on one kernel; the ticketed FFN and attention + out-projection), the
-one-row stack (its table's config at one row, layer 0 gathering the embedding or not) and the per-row
-noise.
+changes use; PDL early and late on one kernel; the ticketed FFN and attention + out-projection; its
+embedding kernel), the one-row stack (its table's config at one row, layer 0 gathering the embedding or
+not), the per-row noise and the fused sampler.
 
 Run by `test_kernels_compile_sm90.py` in a process of its own (the CPU tests import these modules under
 TRITON_INTERPRET=1, where `triton.jit` gives interpreted functions that do not compile). Prints one line
@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from voicehub.runtime.kernels import row_noise_triton as noise
+from voicehub.runtime.kernels import sample_step_triton as sampler
 from voicehub.runtime.kernels import t2s_ffn_ticket_triton as ticket
 from voicehub.runtime.kernels import t2s_layer_mma_attention_triton as attention
 from voicehub.runtime.kernels import t2s_layer_mma_triton as mma
@@ -135,6 +137,14 @@ def main() -> None:
     compile_sm90(one_row._head_kernel, dict(common, BLOCK_N=one.head_block, ROWS=1), one.head_warps, 3,
                  out_ptr="*fp16")  # fmt: skip
     compile_sm90(noise._row_noise_kernel, dict(BLOCK=noise.BLOCK_V), 4, 3)
+    compile_sm90(mma._embed_kernel, dict(BLOCK_D=DIM), 4, 3, table_ptr="*fp16", x_ptr="*fp16")
+    # the sampler as the row engine launches it: fp16 logits racing fp32 per-row noise, int64 / bool state
+    i64, i1 = ("top_k tokens audio_pos step cap stop_step out".split(), "seen forced done stop_eos".split())
+    compile_sm90(sampler._sample_step_kernel,
+                 dict(HAS_EOS=True, ADVANCE=True, BLOCK_V=triton.next_power_of_2(VOCAB),
+                      KEY_BITS=sampler.KEY_BITS[torch.float16], BITWISE_K=False), 8, 3,
+                 q_ptr="*fp32", top_p_ptr="*fp32", temp_ptr="*fp32", pen_ptr="*fp32",
+                 **{f"{n}_ptr": "*i64" for n in i64}, **{f"{n}_ptr": "*i1" for n in i1})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ as the torch definition does. The definition itself is held to the native `stati
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import importlib.util
 import sys
@@ -132,6 +133,23 @@ def test_float32_noise_races_in_float32(kernel):
     q = noise((len(ROWS), 48), torch.float32, seed=6)
     want = run(sample_step_reference, logits, q, buf, state, lengths, 39)
     assert_same(run(kernel, logits, q, buf, state, lengths, 39), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_top_k_cuts_through_ties(kernel, dtype):
+    # logits on a coarse grid: many tokens tie at each top-k cut, which keeps every tied token as torch does
+    rows = [
+        (k, 1.0, t, 1.0, 12, 100, False, False, 0.0) for k, t in ((2, 1.0), (3, 0.7), (6, 1.3), (11, 1.0))
+    ]
+    logits, buf, state, lengths = step_inputs(40, torch.float32, seed=8, rows=rows)
+    logits = logits.round().to(dtype)
+    q = noise(logits.shape, dtype, seed=9)
+    want = run(sample_step_reference, logits, q, buf, state, lengths, 39)
+    assert_same(run(kernel, logits, q, buf, state, lengths, 39), want)
+    one_bit = functools.partial(kernel, bitwise_k=True)  # the search a bit a round (A/B timing)
+    assert_same(run(one_bit, logits, q, buf, state, lengths, 39), want)
+    kth = logits.float().topk(12, dim=1).values[torch.arange(4), torch.tensor([1, 2, 5, 10])]
+    assert ((logits.float() == kth[:, None]).sum(1) > 1).all()  # the cuts fall on ties: the test can fail
 
 
 def test_full_vocabulary_row(kernel):

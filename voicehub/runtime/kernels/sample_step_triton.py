@@ -5,7 +5,8 @@ The torch chain is ~45 small kernels (two sorts, a scatter, softmaxes, the race,
 updates); at one row each costs its launch, so they take about a third of a graphed T2S step.
 
 No sort: both cuts are thresholds found by bisection over the float order (the top 19 bits of a
-float32 key in float16, 32 in float32, one block reduction per bit): top-p keeps the tokens whose
+float32 key in float16, 32 in float32; top-p one block reduction a bit, top-k one a two bits, three
+counts packed in an int64): top-p keeps the tokens whose
 tail sum (the probabilities of tokens at or above them, torch's cumsum over the sorted row) is
 <= top_p, the top token always; top-k keeps the temperature-scaled values >= the k-th largest kept
 value scaled, as torch compares them. Differences from the definition, by construction:
@@ -43,8 +44,29 @@ def _key(x):
 @triton.jit
 def _kth_largest(x, valid, k, KEY_BITS: tl.constexpr):
     # the (k+1)-th largest valid entry of x: the largest kappa with #(keys >= kappa) > k, searched
-    # over the top KEY_BITS bits (the others are equal for every value of the dtype), then the
-    # smallest entry at or above it
+    # over the top KEY_BITS bits (rounded up to even; the others are equal for every value of the
+    # dtype) two bits a round: the counts of the round's three candidates past lo (each <= MAX_VOCAB,
+    # 16 bits of one int64) in one block reduction, the next two bits the number of them > k (the
+    # counts fall as the candidate grows); then the smallest entry at or above it
+    keys = tl.where(valid, _key(x), -1)  # an invalid entry is below every candidate
+    lo = tl.zeros((), tl.int64)
+    for i in tl.static_range((KEY_BITS + 1) // 2):
+        step = tl.full((), 1 << (30 - 2 * i), tl.int64)
+        packed = (
+            (keys >= (lo | step)).to(tl.int64)
+            + ((keys >= (lo | 2 * step)).to(tl.int64) << 16)
+            + ((keys >= (lo | 3 * step)).to(tl.int64) << 32)
+        )
+        counts = tl.sum(packed, axis=0)
+        above = ((counts & 0xFFFF) > k).to(tl.int64) + (((counts >> 16) & 0xFFFF) > k).to(tl.int64)
+        lo = lo | ((above + ((counts >> 32) > k).to(tl.int64)) * step)
+    return tl.min(tl.where(keys >= lo, x, float("inf")), axis=0)
+
+
+@triton.jit
+def _kth_largest_bitwise(x, valid, k, KEY_BITS: tl.constexpr):
+    # `_kth_largest` one bit a round (one block reduction a bit): its result, for A/B timing
+    # (`benchmarks/sample_step_probe.py`)
     keys = _key(x)
     lo = tl.zeros((), tl.int64)
     for i in tl.static_range(KEY_BITS):
@@ -72,6 +94,7 @@ def _sample_step_kernel(
     tokens_ptr, audio_pos_ptr, step_ptr, cap_ptr, stop_step_ptr, forced_ptr, done_ptr, stop_eos_ptr,
     out_ptr, len_ptr, n_vocab, eos, n_blocked, max_steps, max_out, s_logits, s_q, s_seen, s_out,
     HAS_EOS: tl.constexpr, ADVANCE: tl.constexpr, BLOCK_V: tl.constexpr, KEY_BITS: tl.constexpr,
+    BITWISE_K: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     dtype = logits_ptr.dtype.element_ty
@@ -106,7 +129,10 @@ def _sample_step_kernel(
     k = tl.minimum(tl.load(top_k_ptr + b).to(tl.int32), n_vocab) - 1
     kth = tl.max(kept, axis=0)
     if k > 0:
-        kth = _kth_largest(kept, valid, k, KEY_BITS)
+        if BITWISE_K:
+            kth = _kth_largest_bitwise(kept, valid, k, KEY_BITS)
+        else:
+            kth = _kth_largest(kept, valid, k, KEY_BITS)
     kth = tl.math.div_rn(kth, temp).to(dtype).to(tl.float32)
     t = tl.math.div_rn(kept, temp).to(dtype).to(tl.float32)
     t = tl.where(t >= kth, t, float("-inf"))
@@ -146,8 +172,10 @@ def sample_step_triton(
     eos: int,
     n_blocked: int,
     max_steps: int,
+    bitwise_k: bool = False,
 ) -> torch.Tensor:
-    """The `triton` backend (see `sample_step.py`): logits [B, V'], q [B, >= V'] -> state.tokens [B]."""
+    """The `triton` backend (see `sample_step.py`): logits [B, V'], q [B, >= V'] -> state.tokens [B].
+    bitwise_k: the top-k cut searched one bit a round (the same tokens; for A/B timing)."""
     n_rows, n_vocab = logits.shape
     if n_vocab > MAX_VOCAB or q.shape[0] != n_rows or q.shape[1] < n_vocab or buf.seen.shape[1] < n_vocab:
         raise ValueError(
@@ -163,7 +191,7 @@ def sample_step_triton(
         state.stop_eos, state.out, lens, n_vocab, eos, n_blocked, max_steps, state.out.shape[1],
         logits.stride(0), q.stride(0), buf.seen.stride(0), state.out.stride(0),
         HAS_EOS=eos < n_vocab, ADVANCE=lengths is not None, BLOCK_V=triton.next_power_of_2(n_vocab),
-        KEY_BITS=KEY_BITS[logits.dtype],
+        KEY_BITS=KEY_BITS[logits.dtype], BITWISE_K=bitwise_k,
         num_warps=8 if n_vocab > 1024 else 4,
     )  # fmt: skip
     return state.tokens
