@@ -68,7 +68,9 @@ def aligned(fn, constexprs: dict) -> dict:
             if name not in constexprs and (name.endswith("_ptr") or name in ALIGNED_INTS)}  # fmt: skip
 
 
-def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, **overrides: str) -> None:
+def compile_sm90(
+    fn, constexprs: dict, num_warps: int, num_stages: int, fp_fusion: bool = True, **overrides: str
+) -> str:
     src = ASTSource(
         fn=fn,
         signature=signature(fn, constexprs, overrides),
@@ -76,11 +78,14 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int, **overri
         attrs=aligned(fn, constexprs),
     )
     kernel = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": fp_fusion},
     )
     ptx = kernel.asm["ptx"]
     print(f"{fn.fn.__name__} {sorted(constexprs.items())}: {kernel.metadata.shared} B shared, "
           f"{ptx.count('cp.async.cg')} cp.async", flush=True)  # fmt: skip
+    return ptx
 
 
 def gemm_depths() -> list[int]:
@@ -137,12 +142,19 @@ def main() -> None:
     compile_sm90(one_row._head_kernel, dict(common, BLOCK_N=one.head_block, ROWS=1), one.head_warps, 3,
                  out_ptr="*fp16")  # fmt: skip
     compile_sm90(noise._row_noise_kernel, dict(BLOCK=noise.BLOCK_V), 4, 3)
-    compile_sm90(mma._embed_kernel, dict(BLOCK_D=DIM), 4, 3, table_ptr="*fp16", x_ptr="*fp16")
+    # launched without FP contraction: torch rounds the product before the sum, an fma.rn.f16 would not
+    ptx = compile_sm90(
+        mma._embed_kernel, dict(BLOCK_D=DIM), 4, 3, fp_fusion=False, table_ptr="*fp16", x_ptr="*fp16"
+    )
+    if "fma" in ptx or "mul.rn.f16" not in ptx:
+        raise AssertionError(
+            "the rows embedding kernel fuses alpha * pe into the sum (fma): not torch's rounding"
+        )
     # the sampler as the row engine launches it: fp16 logits racing fp32 per-row noise, int64 / bool state
     i64, i1 = ("top_k tokens audio_pos step cap stop_step out".split(), "seen forced done stop_eos".split())
     compile_sm90(sampler._sample_step_kernel,
                  dict(HAS_EOS=True, ADVANCE=True, BLOCK_V=triton.next_power_of_2(VOCAB),
-                      KEY_BITS=sampler.KEY_BITS[torch.float16], BITWISE_K=False), 8, 3,
+                      KEY_BITS=sampler.KEY_BITS[torch.float16]), 8, 3,
                  q_ptr="*fp32", top_p_ptr="*fp32", temp_ptr="*fp32", pen_ptr="*fp32",
                  **{f"{n}_ptr": "*i64" for n in i64}, **{f"{n}_ptr": "*i1" for n in i1})  # fmt: skip
 

@@ -64,18 +64,6 @@ def _kth_largest(x, valid, k, KEY_BITS: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest_bitwise(x, valid, k, KEY_BITS: tl.constexpr):
-    # `_kth_largest` one bit a round (one block reduction a bit): its result, for A/B timing
-    # (`benchmarks/sample_step_probe.py`)
-    keys = _key(x)
-    lo = tl.zeros((), tl.int64)
-    for i in tl.static_range(KEY_BITS):
-        cand = lo | (1 << (31 - i))
-        lo = tl.where(tl.sum((valid & (keys >= cand)).to(tl.int32), axis=0) > k, cand, lo)
-    return tl.min(tl.where(valid & (keys >= lo), x, float("inf")), axis=0)
-
-
-@triton.jit
 def _nucleus_key(keys, probs, top_p, KEY_BITS: tl.constexpr, dtype: tl.constexpr):
     # the smallest key whose tail sum (probabilities of keys >= it, rounded to dtype) is <= top_p;
     # 0 (keep all) when even the whole sum is
@@ -94,7 +82,6 @@ def _sample_step_kernel(
     tokens_ptr, audio_pos_ptr, step_ptr, cap_ptr, stop_step_ptr, forced_ptr, done_ptr, stop_eos_ptr,
     out_ptr, len_ptr, n_vocab, eos, n_blocked, max_steps, max_out, s_logits, s_q, s_seen, s_out,
     HAS_EOS: tl.constexpr, ADVANCE: tl.constexpr, BLOCK_V: tl.constexpr, KEY_BITS: tl.constexpr,
-    BITWISE_K: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     dtype = logits_ptr.dtype.element_ty
@@ -129,10 +116,7 @@ def _sample_step_kernel(
     k = tl.minimum(tl.load(top_k_ptr + b).to(tl.int32), n_vocab) - 1
     kth = tl.max(kept, axis=0)
     if k > 0:
-        if BITWISE_K:
-            kth = _kth_largest_bitwise(kept, valid, k, KEY_BITS)
-        else:
-            kth = _kth_largest(kept, valid, k, KEY_BITS)
+        kth = _kth_largest(kept, valid, k, KEY_BITS)
     kth = tl.math.div_rn(kth, temp).to(dtype).to(tl.float32)
     t = tl.math.div_rn(kept, temp).to(dtype).to(tl.float32)
     t = tl.where(t >= kth, t, float("-inf"))
@@ -172,10 +156,8 @@ def sample_step_triton(
     eos: int,
     n_blocked: int,
     max_steps: int,
-    bitwise_k: bool = False,
 ) -> torch.Tensor:
-    """The `triton` backend (see `sample_step.py`): logits [B, V'], q [B, >= V'] -> state.tokens [B].
-    bitwise_k: the top-k cut searched one bit a round (the same tokens; for A/B timing)."""
+    """The `triton` backend (see `sample_step.py`): logits [B, V'], q [B, >= V'] -> state.tokens [B]."""
     n_rows, n_vocab = logits.shape
     if n_vocab > MAX_VOCAB or q.shape[0] != n_rows or q.shape[1] < n_vocab or buf.seen.shape[1] < n_vocab:
         raise ValueError(
@@ -191,7 +173,7 @@ def sample_step_triton(
         state.stop_eos, state.out, lens, n_vocab, eos, n_blocked, max_steps, state.out.shape[1],
         logits.stride(0), q.stride(0), buf.seen.stride(0), state.out.stride(0),
         HAS_EOS=eos < n_vocab, ADVANCE=lengths is not None, BLOCK_V=triton.next_power_of_2(n_vocab),
-        KEY_BITS=KEY_BITS[logits.dtype], BITWISE_K=bitwise_k,
+        KEY_BITS=KEY_BITS[logits.dtype],
         num_warps=8 if n_vocab > 1024 else 4,
     )  # fmt: skip
     return state.tokens

@@ -455,7 +455,10 @@ def embed_stack_mma(
     x = torch.empty(tokens.shape[0], dim, device=tokens.device, dtype=weights.head_weight.dtype)
     check_args(x, weights, k_cache, v_cache, lengths, n_slots)
     if x.shape[0]:
-        _embed_kernel[(x.shape[0],)](tokens, audio_pos, *embed, x, dim, BLOCK_D=triton.next_power_of_2(dim))
+        # no FP contraction: LLVM narrows the rounded product and sum to half ops and would fuse them into
+        # one fma.rn.f16, skipping the product's rounding that torch (and `_embed`) keep
+        _embed_kernel[(x.shape[0],)](tokens, audio_pos, *embed, x, dim, BLOCK_D=triton.next_power_of_2(dim),
+                                     enable_fp_fusion=False)  # fmt: skip
     return _run_stack(x, weights, k_cache, v_cache, lengths, n_slots, config)
 
 
