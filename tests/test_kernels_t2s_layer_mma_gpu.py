@@ -203,3 +203,40 @@ def test_cuda_embed_rows_op_is_the_embedding_then_the_stack_bitwise_in_a_graph()
         torch.cuda.synchronize()
         assert torch.equal(got, want) and torch.equal(k, kw) and torch.equal(v, vw)
     assert not want.isnan().any()
+
+
+@pytest.mark.gpu
+def test_cuda_attention_projecting_its_own_qkv_matches_the_definition_and_is_batch_invariant():
+    # MmaConfig.attn_in on the table's entry: no qkv kernel, each (row, head) attention program projects its
+    # q, k, v; against the definition, a row alone and in another batch bitwise, and the 64-row step (two row
+    # groups) replayed from a CUDA graph bitwise its eager call
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    mk = importlib.import_module(MODULE)
+    cfg = dataclasses.replace(
+        mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"]), attn_in=True
+    )
+    stack = functools.partial(mk.decode_stack_mma, config=cfg)
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    lengths = torch.randint(0, 1023, (64,), generator=g, device="cuda")
+    shape = (FULL["n_layer"], 64, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
+    x = torch.randn(64, FULL["dim"], generator=g, device="cuda").half()
+    got = check_full_size_stack(
+        stack, x[:20], w, k[:, :20].clone(), v[:, :20].clone(), lengths[:20], torch.float16
+    )
+    for row in (3, 17):
+        one = slice(row, row + 1)
+        alone = stack(x[one], w, k[:, one].clone(), v[:, one].clone(), lengths[one], 1024)
+        assert torch.equal(alone[0], got[row]), row
+    kw, vw = k.clone(), v.clone()
+    want = stack(x, w, kw, vw, lengths, 1024)
+    assert torch.equal(want[:20], got)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = stack(x, w, k, v, lengths, 1024)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(k, kw) and torch.equal(v, vw)

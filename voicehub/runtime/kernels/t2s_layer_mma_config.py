@@ -60,6 +60,10 @@ class MmaConfig:
     # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
     # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
+    # the q / k / v projection inside the attention kernel (needs attn_out): each (row, head) program projects
+    # its head's query and the new token's key and value from the layer's input (W_qkv's 96 rows of the head,
+    # fp32 sums in column order) and stores k, v at the row's slot; no qkv kernel
+    attn_in: bool = False
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
@@ -81,6 +85,8 @@ class MmaConfig:
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
+        if self.attn_in and not self.attn_out:
+            raise ValueError("MmaConfig.attn_in needs attn_out (layer 0's input is the residual of its LN1)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
