@@ -192,7 +192,11 @@ def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
     x, w, k, v, lengths = stack_inputs(34, torch.float32, (LENGTHS * 2)[:34])
     k_want, v_want = k.clone(), v.clone()
     want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=cfg)
-    for change in ({"row_groups": 2}, {"row_groups": 2, "attn_stream": True}):
+    for change in (
+        {"row_groups": 2},
+        {"row_groups": 2, "attn_stream": True},
+        {"row_groups": 2, "attn_turns": False},
+    ):
         kc, vc = k.clone(), v.clone()
         got = mk.decode_stack_mma(x, w, kc, vc, lengths, N_SLOTS, config=dataclasses.replace(cfg, **change))
         assert torch.equal(got, want), change

@@ -76,6 +76,7 @@ RESULT_FREE_CHANGES = [
     {"gemm_stages": 1}, {"gemm_stages": 3}, {"attn_stages": 2}, {"attn_stages": 3},
     {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
+    {"row_groups": 2, "group_rows": 1, "attn_turns": False},
 ]  # fmt: skip
 
 

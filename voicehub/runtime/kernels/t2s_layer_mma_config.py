@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
+    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream attn_turns".split()
 )
 
 
@@ -81,6 +81,9 @@ class MmaConfig:
     # the caller's stream (`t2s_layer_mma_groups.GroupStreams`): the block scheduler starts a GEMM's programs
     # before pending attention programs. Where kernels run, not what they compute: no effect on results
     attn_stream: bool = False
+    # with several row groups (attn_stream off): each group's attention waits for the one before it in (layer,
+    # group) order, so the attentions take turns; off, they may overlap. No effect on results
+    attn_turns: bool = True
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
