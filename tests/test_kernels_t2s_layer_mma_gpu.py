@@ -21,6 +21,16 @@ from voicehub.runtime.kernels import t2s_layer as ref
 from voicehub.runtime.kernels.registry import T2S_EMBED_STACK_ROWS, T2S_LAYER_STACK_ROWS
 
 
+def full_step_inputs(seed: int, max_len: int) -> tuple:
+    """A 64-row fp16 step of v3's shape on the GPU: weights, lengths in [0, max_len), k, v [L, 64, H, 1024, 32], x."""
+    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lengths = torch.randint(0, max_len, (64,), generator=g, device="cuda")
+    shape = (FULL["n_layer"], 64, FULL["n_head"], 1024, 32)
+    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
+    return w, lengths, k, v, torch.randn(64, FULL["dim"], generator=g, device="cuda").half()
+
+
 @pytest.mark.gpu
 # the table's config (through the registry), one attention program per (row, head) over the whole
 # cache (128-slot tiles x 8: no merge) for fp16, and split-K in every GEMM (fp16, fp32); prenorm: the
@@ -159,12 +169,7 @@ def test_cuda_row_groups_capture_in_a_graph_and_replay_the_same_bits(attn_stream
     table = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])
     base = dataclasses.replace(table, row_groups=1)
     on = dataclasses.replace(table, row_groups=2, group_rows=32, attn_stream=attn_stream)
-    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(5)
-    lengths = torch.randint(0, 1024, (64,), generator=g, device="cuda")
-    shape = (FULL["n_layer"], 64, FULL["n_head"], 1024, 32)
-    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
-    x = torch.randn(64, FULL["dim"], generator=g, device="cuda").half()
+    w, lengths, k, v, x = full_step_inputs(5, max_len=1024)
     kw, vw = k.clone(), v.clone()
     want = mk.decode_stack_mma(x, w, kw, vw, lengths, 1024, config=base)
     mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, 1024, config=on)  # compiled before the capture
@@ -218,12 +223,7 @@ def test_cuda_attention_projecting_its_own_qkv_matches_the_definition_and_is_bat
         mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"]), attn_in=True
     )
     stack = functools.partial(mk.decode_stack_mma, config=cfg)
-    w = random_weights(**FULL, dtype=torch.float16, device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(7)
-    lengths = torch.randint(0, 1023, (64,), generator=g, device="cuda")
-    shape = (FULL["n_layer"], 64, FULL["n_head"], 1024, 32)
-    k, v = (torch.randn(shape, generator=g, device="cuda").half() for _ in range(2))
-    x = torch.randn(64, FULL["dim"], generator=g, device="cuda").half()
+    w, lengths, k, v, x = full_step_inputs(7, max_len=1023)
     got = check_full_size_stack(
         stack, x[:20], w, k[:, :20].clone(), v[:, :20].clone(), lengths[:20], torch.float16
     )
