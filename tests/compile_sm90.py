@@ -102,16 +102,12 @@ def main() -> None:
     # early and late (the two branches of `_await_previous`)
     cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
     gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
-    # the table's tile loop, a pipelined one, and (attn_in) the q / k / v projection in the attention
-    for attn_stages, attn_in in sorted(
-        {(cfg.attn_stages, cfg.attn_in), (2, cfg.attn_in), (cfg.attn_stages, True)}
-    ):
+    for attn_stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
         compile_sm90(attention._attention_kernel,
                      dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
                           TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
                           BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
-                          STAGES=attn_stages, IN_PROJ=attn_in, BLOCK_I=attention.ATTN_IN_BLOCK),
-                     cfg.attn_warps, 3)  # fmt: skip
+                          STAGES=attn_stages), cfg.attn_warps, 3)  # fmt: skip
     warps = cfg.gemm_warps
     for depth, stages in enumerate(gemm_depths()):
         for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)

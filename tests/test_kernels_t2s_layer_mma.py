@@ -132,39 +132,6 @@ def test_a_row_does_not_depend_on_its_batch_position_or_bucket(mk, tiles, split,
             assert torch.equal(alone[0], five[row]), (row, n_slots)
 
 
-# attn_in: the attention programs project q, k, v themselves (no qkv kernel); merged blocks (their counters
-# reset by each merge, no qkv kernel zeroing them), whole-cache programs, in two row groups
-@pytest.mark.parametrize(("dtype", "tiles", "groups"),
-                         [(torch.float32, 1, 1), (torch.float16, 8, 2), (torch.float32, 2, 2)])  # fmt: skip
-def test_attention_projecting_its_own_qkv_matches_the_definition_and_is_batch_invariant(
-    mk, dtype, tiles, groups
-):
-    cfg = mk.MmaConfig(**BLOCKS, **SPLITS, attn_tiles=tiles, prenorm=True, attn_out=True, attn_in=True,
-                       row_groups=groups)  # fmt: skip
-    x, w, k, v, lengths = stack_inputs(len(LENGTHS), dtype, LENGTHS)
-    k_want, v_want = as_float(k), as_float(v)
-    want = ref.decode_stack_reference(
-        x.double(), weights_as(w, torch.Tensor.double), k_want, v_want, lengths, N_SLOTS
-    )
-    kc, vc = k.clone(), v.clone()
-    got = mk.decode_stack_mma(x, w, kc, vc, lengths, N_SLOTS, config=cfg)
-    tol = FP32_TOL if dtype == torch.float32 else FP16_TOL
-    assert not got.isnan().any() and rel_l2(got, want) <= tol
-    assert rel_l2(as_float(kc), k_want) <= tol and rel_l2(as_float(vc), v_want) <= tol
-    # bitwise: run again, a row alone (smaller bucket) and in a batch of 5
-    assert torch.equal(mk.decode_stack_mma(x, w, k.clone(), v.clone(), lengths, N_SLOTS, config=cfg), got)
-    five = mk.decode_stack_mma(x[:5], w, k[:, :5].clone(), v[:, :5].clone(), lengths[:5], N_SLOTS, config=cfg)
-    for row, n_slots in ((3, 48), (17, N_SLOTS)):
-        one = slice(row, row + 1)
-        alone = mk.decode_stack_mma(
-            x[one], w, k[:, one].clone(), v[:, one].clone(), lengths[one], n_slots, config=cfg
-        )
-        assert torch.equal(alone[0], got[row]), (row, n_slots)
-        assert row >= 5 or torch.equal(alone[0], five[row])
-    with pytest.raises(ValueError, match="attn_in needs attn_out"):
-        mk.MmaConfig(**BLOCKS, prenorm=True, attn_in=True)
-
-
 def test_pipelined_attention_tiles_give_the_same_bits(mk):
     # attn_stages 3: the tile loop written for Triton's pipeliner (on a GPU its K/V loads run two tiles
     # ahead) visits the same tiles with the same math: bitwise the plain loop, with programs of two
@@ -192,11 +159,7 @@ def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
     x, w, k, v, lengths = stack_inputs(34, torch.float32, (LENGTHS * 2)[:34])
     k_want, v_want = k.clone(), v.clone()
     want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=cfg)
-    for change in (
-        {"row_groups": 2},
-        {"row_groups": 2, "attn_stream": True},
-        {"row_groups": 2, "attn_turns": False},
-    ):
+    for change in ({"row_groups": 2}, {"row_groups": 2, "attn_stream": True}):
         kc, vc = k.clone(), v.clone()
         got = mk.decode_stack_mma(x, w, kc, vc, lengths, N_SLOTS, config=dataclasses.replace(cfg, **change))
         assert torch.equal(got, want), change

@@ -27,22 +27,22 @@ if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_triton import Scratch
 
 ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (MmaConfig.attn_out)
-ATTN_IN_BLOCK = 64  # input columns per chunk of a head's q / k / v projection (MmaConfig.attn_in)
 
 
 @triton.jit
 def _attend_tiles(
-    q, k_ptr, v_ptr, b, h, start, n, scale, skb, skh, sks, svb, svh, svs,
+    q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
     KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    # Head h (its query q [DH] fp32) of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
+    # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
     # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
     # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge). STAGES > 1: Triton
     # pipelines the tiles' K/V loads (cp.async into shared memory, STAGES - 1 tiles ahead; the same values
     # and operations); 1: each tile's loads, then its math.
     dims = tl.arange(0, DH)
     dmask = dims < HEAD_DIM
+    q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
     b64 = b.to(tl.int64)
     k_row = k_ptr + b64 * skb + h * skh
     v_row = v_ptr + b64 * svb + h * svh
@@ -71,83 +71,36 @@ def _attend_tiles(
 
 
 @triton.jit
-def _head_in_proj(
-    xa_ptr, w_ptr, bias_ptr, b, h, dim, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_I: tl.constexpr,
+def _attend_block(
+    q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks, svb, svh, svs,
+    HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    # Row b's query, key and value of head h (MmaConfig.attn_in): rnd(x W^T + bias) over W_qkv's rows of the
-    # head (q, k, v: HEAD_DIM rows each), x = xa[b] the layer's input, accumulated BLOCK_I columns at a time
-    # in column order (fp32), rounded to the model dtype as the qkv kernel stores them; [DH] each
-    dims = tl.arange(0, DH)
-    dmask = dims < HEAD_DIM
-    w_rows = h * HEAD_DIM + dims
-    q = tl.zeros([DH], tl.float32)
-    k = tl.zeros([DH], tl.float32)
-    v = tl.zeros([DH], tl.float32)
-    for c0 in tl.static_range(0, BLOCK_D, BLOCK_I):
-        cols = c0 + tl.arange(0, BLOCK_I)
-        cmask = cols < dim
-        x = tl.load(xa_ptr + b * dim + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        w = w_ptr + w_rows[:, None] * dim + cols[None, :]
-        wmask = dmask[:, None] & cmask[None, :]
-        q += tl.sum(tl.load(w, mask=wmask, other=0.0).to(tl.float32) * x, axis=1)
-        k += tl.sum(tl.load(w + dim * dim, mask=wmask, other=0.0).to(tl.float32) * x, axis=1)
-        v += tl.sum(tl.load(w + 2 * dim * dim, mask=wmask, other=0.0).to(tl.float32) * x, axis=1)
-    dtype = xa_ptr.dtype.element_ty
-    q = (q + tl.load(bias_ptr + w_rows, mask=dmask, other=0.0).to(tl.float32)).to(dtype)
-    k = (k + tl.load(bias_ptr + dim + w_rows, mask=dmask, other=0.0).to(tl.float32)).to(dtype)
-    v = (v + tl.load(bias_ptr + 2 * dim + w_rows, mask=dmask, other=0.0).to(tl.float32)).to(dtype)
-    return q, k, v
-
-
-@triton.jit
-def _store_new_kv(
-    k, v, k_ptr, v_ptr, slot, b, h, split, span, n_splits, max_slots, skb, skh, sks, svb, svh, svs,
-    HEAD_DIM: tl.constexpr, DH: tl.constexpr,
-):  # fmt: skip
-    # the new token's k and v into the cache at slot `slot`, by the block that holds the slot (the last block
-    # for a slot past the bucket; none past the cache, as the qkv kernel), then a barrier: the block's threads
-    # read the slot back among its tiles
-    dims = tl.arange(0, DH)
-    owner = (split == tl.minimum(slot // span, n_splits - 1)) & (slot < max_slots)
-    mask = (dims < HEAD_DIM) & (tl.zeros([DH], tl.int32) + owner.to(tl.int32) != 0)
-    b64, slot64 = b.to(tl.int64), slot.to(tl.int64)
-    tl.store(k_ptr + b64 * skb + h * skh + slot64 * sks + dims, k, mask=mask)
-    tl.store(v_ptr + b64 * svb + h * svh + slot64 * svs + dims, v, mask=mask)
-    tl.debug_barrier()
+    # block `split` (TILES tiles of BLOCK_S slots) of head h of row b, over the row's slots below its length
+    # + 1 (within the bucket's n_slots): `_attend_tiles`' (m, sum, values)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
+    return _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks, svb,
+                         svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
 
 
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
-    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps, wqkv_ptr, bqkv_ptr,
-    n_slots, n_splits, max_slots, dim, scale, skb, skh, sks, svb, svh, svs,
+    wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps,
+    n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr, IN_PROJ: tl.constexpr,
-    BLOCK_I: tl.constexpr,
+    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
-    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it. IN_PROJ
-    # (MmaConfig.attn_in): the program projects its own query and the new token's key and value from xa
-    # (`_head_in_proj`; no qkv kernel, q_ptr unread) and stores k, v at the row's slot (`_store_new_kv`)
+    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
     _await_previous(PDL)  # no weights here to read first
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
+                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
     dims = tl.arange(0, DH)
-    slot = tl.load(len_ptr + b).to(tl.int32)
-    if IN_PROJ:
-        q, k_new, v_new = _head_in_proj(xa_ptr, wqkv_ptr, bqkv_ptr, b, h, dim, HEAD_DIM, DH, BLOCK_D, BLOCK_I)
-        _store_new_kv(k_new, v_new, k_ptr, v_ptr, slot, b, h, split, TILES * BLOCK_S, n_splits, max_slots, skb,
-                      skh, sks, svb, svh, svs, HEAD_DIM, DH)  # fmt: skip
-        q = q.to(tl.float32)
-    else:
-        q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dims < HEAD_DIM, other=0.0).to(tl.float32)
-    # the row's slots below its length + 1 (within the bucket's n_slots), this program's TILES tiles of them
-    m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, tl.minimum(slot + 1, n_slots),
-                                  scale, skb, skh, sks, svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY,
-                                  STAGES)  # fmt: skip
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty
     if SPLITS == 1:  # one program covers the whole cache: no partials, no counter, no merge
@@ -161,7 +114,6 @@ def _attention_kernel(
         m, denom, acc, m_ptr, l_ptr, part_ptr, count_ptr, b, h, split, n_splits, N_HEAD, DH, SPLITS
     ):
         a = _merge_blocks(m_ptr, l_ptr, part_ptr, b, h, n_splits, N_HEAD, DH, SPLITS).to(dtype)
-        tl.store(count_ptr + b * N_HEAD + h, 0)  # at 0 for the next layer (attn_in: no qkv kernel zeroes it)
         if OUT:
             _head_out_proj(a, wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, b, h, dim,
                            eps, N_HEAD, HEAD_DIM, DH, BLOCK_D, BLOCK_O)  # fmt: skip
@@ -227,25 +179,20 @@ def attn_span(cfg: MmaConfig) -> int:
 
 def attention_stage(
     s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
-    n_slots: int, eps: float, cfg: MmaConfig, x_layer: torch.Tensor | None = None,
+    n_slots: int, eps: float, cfg: MmaConfig,
 ) -> None:  # fmt: skip
     """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype); with
-    cfg.attn_out, instead LN1(s.x_attn + s.attn @ W_o^T + b_o) -> s.x_ffn (what out_proj_stage stores).
-    cfg.attn_in: q, and k and v at slot lengths, projected here from the layer's input x_layer (None:
-    s.x_attn, where the previous layer's ffn2 stored it), the residual of attn_out's LN1 too."""
+    cfg.attn_out, instead LN1(s.x_attn + s.attn @ W_o^T + b_o) -> s.x_ffn (what out_proj_stage stores)."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
-    x_layer = s.x_attn if x_layer is None else x_layer
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
     block_d = triton.next_power_of_2(dim)
     _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
-        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, x_layer, s.x_ffn, s.out_part,
-        s.out_count, eps, layer.qkv_weight, layer.qkv_bias,
-        n_slots, n_splits, k_layer.shape[2], dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3],
-        *v_layer.stride()[:3], N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block,
-        TILES=cfg.attn_tiles, SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d,
-        BLOCK_O=min(block_d, ATTN_OUT_BLOCK), KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages,
-        IN_PROJ=cfg.attn_in, BLOCK_I=min(block_d, ATTN_IN_BLOCK), num_warps=cfg.attn_warps,
-        **_launch(cfg, s.q.device),
+        layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.out_part,
+        s.out_count, eps,
+        n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
+        N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
+        SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
+        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
     )  # fmt: skip

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream attn_turns".split()
+    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
 )
 
 
@@ -60,10 +60,6 @@ class MmaConfig:
     # head's share of the row's out-projection (fp32), the row's last head to finish sums the shares in
     # head order and stores LN1 to x_ffn; no out-proj kernel
     attn_out: bool = False
-    # the q / k / v projection inside the attention kernel (needs attn_out): each (row, head) program projects
-    # its head's query and the new token's key and value from the layer's input (W_qkv's 96 rows of the head,
-    # fp32 sums in column order) and stores k, v at the row's slot; no qkv kernel
-    attn_in: bool = False
     # ffn1 and ffn2 (ffn_slices 0) in one kernel whose programs take tickets, ffn2's tiles waiting for
     # their K range of h (`t2s_ffn_ticket_triton`): the same tiles and operations, no effect on results
     ffn_tickets: bool = False
@@ -81,15 +77,10 @@ class MmaConfig:
     # the caller's stream (`t2s_layer_mma_groups.GroupStreams`): the block scheduler starts a GEMM's programs
     # before pending attention programs. Where kernels run, not what they compute: no effect on results
     attn_stream: bool = False
-    # with several row groups (attn_stream off): each group's attention waits for the one before it in (layer,
-    # group) order, so the attentions take turns; off, they may overlap. No effect on results
-    attn_turns: bool = True
 
     def __post_init__(self) -> None:
         if self.attn_out and not self.prenorm:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
-        if self.attn_in and not self.attn_out:
-            raise ValueError("MmaConfig.attn_in needs attn_out (layer 0's input is the residual of its LN1)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
         if self.ffn_tickets and self.ffn_slices:
@@ -141,6 +132,9 @@ class MmaConfig:
 # their row block's heads) 1,544 us against the two kernels' 1,313 and this entry's 1,168 at 64 rows, KV 480 (H100,
 # t2s_rows_probe_out_tiles_h100_2f14ef0.json); the attention's next K/V tile prefetched into registers (187 registers)
 # 1,317, attn_stages 2 with two row groups 1,300 (t2s_rows_probe_attn_prefetch_h100_2f14ef0.json).
+# Session 34 (removed): the q / k / v projection inside the attention kernel (attn_in: each (row, head) program projects
+# its own q, k, v; no qkv kernel) 1,772 us, 1,406 with the groups' attentions free to overlap, against 1,165-1,178 at 64
+# rows, KV 480 (H100, t2s_rows_probe_attn_in_h100_3212074.json).
 CONFIGS = {
     (512, 2048, 16, 1025): MmaConfig(
         block_k=256,

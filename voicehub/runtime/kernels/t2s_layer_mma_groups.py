@@ -37,7 +37,7 @@ class GroupStreams:
     the caller's stream. With several groups:
     - default: group 0 on the caller's stream, group g on a side stream; each attention waits for the one
       before it in (layer, group) order (`attention`), so the attentions take turns while the other
-      groups' GEMMs run (cfg.attn_turns off: no such wait, the attentions may overlap);
+      groups' GEMMs run;
     - cfg.attn_stream: every group's GEMMs on a side stream of higher priority (GEMM_PRIORITY), the
       attentions in (layer, group) order on the caller's stream, each after its group's qkv and before
       its group's next GEMM: a GEMM's programs are dispatched before pending attention programs."""
@@ -45,7 +45,6 @@ class GroupStreams:
     def __init__(self, x: torch.Tensor, n_groups: int, cfg: MmaConfig) -> None:
         self.parallel = x.is_cuda and n_groups > 1  # else every kernel in order on the caller's stream
         self.own_attention = self.parallel and cfg.attn_stream
-        self.turns = cfg.attn_turns
         self.main = torch.cuda.current_stream(x.device) if x.is_cuda else None
         self.turn: torch.cuda.Event | None = None
         thread = threading.get_ident()
@@ -75,7 +74,7 @@ class GroupStreams:
         stream = self.main if self.own_attention else gemm
         if self.own_attention:
             stream.wait_stream(gemm)  # its qkv (and the attention before it: the same stream)
-        elif self.turn is not None and self.turns:
+        elif self.turn is not None:
             stream.wait_event(self.turn)
         with torch.cuda.stream(stream):
             yield

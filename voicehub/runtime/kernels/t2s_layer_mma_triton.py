@@ -283,9 +283,6 @@ class Scratch:
                 torch.empty(part_shape, device=dev, dtype=torch.float32), out_count,
                 ticket_scratch(n_rows, dim, ffn_dim, cfg, dev, counters) if cfg.ffn_tickets else (),
                 tuple(made))  # fmt: skip
-        if cfg.attn_in:  # no qkv kernel zeroes the attention's merge counters: each merge resets its own
-            s.counters += (s.count,)
-            made.append(s.count)
         pending += made
         return s
 
@@ -303,8 +300,6 @@ def qkv_stage(
     """x_in: the input [B, D] (prev None) or the previous x_ffn with s.out_ffn: writes s.x_attn, s.q,
     k and v at slot lengths; zeroes s.count. With cfg.prenorm (and prev), x_in is unused: the previous
     ffn2 stored this layer's input in s.x_attn."""
-    if cfg.attn_in:  # the attention kernel projects q, k and v itself
-        return
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     p = prev or layer  # unused by the first layer
     is_stored = prev is not None and cfg.prenorm  # the previous ffn2 normalised it into s.x_attn
@@ -422,8 +417,7 @@ def step_groups(
             with streams.gemms(g):
                 qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
             with streams.attention(g):
-                first_input = x_in[g] if prev is None and cfg.attn_in else None  # layer 0's x, not in x_attn
-                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg, first_input)
+                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
             with streams.gemms(g):
                 out_proj_stage(s, layer, weights.eps, cfg)
                 ffn1_stage(s, layer, weights.eps, cfg)
