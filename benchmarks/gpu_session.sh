@@ -111,9 +111,10 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       step engine-table 150 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64,128 --reps 3 \
         --no-sync-count --out "$OUT/t2s_batch_triton${SUFFIX:-}_table.json" ;;
     # session 34: the GEMMs' split-K counts under the table's two row groups (last searched in session 13, with one
-    # group); each changes the rounding (not RESULT_FREE): timed, with its distance from the table's logits (~1 min)
+    # group), and the norms back in the next kernel (prenorm and attn_out off); each changes the rounding (not
+    # RESULT_FREE): timed, with its distance from the table's logits (~1.5 min)
     gemmsplits) step gemm-splits 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 --variants \
-        "chain;chain ffn2_splits=1;chain ffn2_splits=2;chain ffn2_splits=8;chain qkv_splits=1;chain ffn1_splits=1;chain ffn1_splits=4" \
+        "chain;chain ffn2_splits=1;chain ffn2_splits=2;chain ffn2_splits=8;chain qkv_splits=1;chain ffn1_splits=1;chain ffn1_splits=4;chain prenorm=False attn_out=False" \
         --out "$OUT/t2s_rows_probe_splits${SUFFIX:-}.json" ;;
     # session 12: the many-row stack at 64 rows as one chain, PDL on/off, attn_out on/off (PROBE_GROUPS=2,4: row
     # groups on parallel streams); PROBE_NCU=1: then ncu's time of every kernel of one eager step at 1 and 64 rows
