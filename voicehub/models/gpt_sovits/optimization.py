@@ -4,11 +4,12 @@
 BigVGAN's anti-aliased Snake (`BigVGAN.set_activation_kernel`) and the CFM DiT's block ops, with q/k/v
 as one GEMM over packed weights and the attention mask made once per forward (`DiT.set_kernels`; torch
 runs the ops' definitions, triton fused kernels). Triton also runs the T2S graph decoder's layers
-through the fused T2S_LAYER_STACK (T2S_EMBED_STACK_ROWS, the embedding and T2S_LAYER_STACK_ROWS, where an
-engine batches many streams: `StepKernels.for_rows`), its sampling and state updates through T2S_SAMPLE_STEP and an engine's
-per-row noise through ROW_NOISE (`Pipeline.set_t2s_step_kernels`; the eager reference path, used on the CPU and with
-cuda_graph_preset 'off', is left as it is). Undo puts the previous functions back. The model code
-never picks a kernel: it calls whatever function its instance holds.
+through the fused T2S_LAYER_STACK (T2S_EMBED_STACK_ROWS, the embedding and T2S_LAYER_STACK_ROWS, where
+an engine batches many streams: `StepKernels.for_rows`), its sampling and state updates through
+T2S_SAMPLE_STEP and an engine's per-row noise through ROW_NOISE (`Pipeline.set_t2s_step_kernels`; the
+eager reference path, used on the CPU and with cuda_graph_preset 'off', is left as it is). Undo puts the
+previous functions back. The model code never picks a kernel: it calls whatever function its instance
+holds.
 The CFM schedule and step cache and compile are in techniques.py. Techniques that the family's
 capability record declares but that have no transform yet get a placeholder whose `validate()`
 raises `OptimizationNotImplementedError` (a second guard: resolution already refuses an explicit

@@ -34,7 +34,7 @@ from voicehub.runtime.kernels.t2s_layer_mma_gemm_triton import (
     _w_chunk,
 )
 from voicehub.runtime.kernels.t2s_layer_mma_prenorm_triton import _keeps
-from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import CounterFactory, k_span, zeroed_counters
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import CounterFactory, k_span
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch
 
 if TYPE_CHECKING:
@@ -139,9 +139,8 @@ def _ffn_ticket_kernel(
 
 
 def ticket_scratch(
-    n_rows: int, dim: int, ffn_dim: int, cfg: MmaConfig, device: torch.device,
-    counters: CounterFactory | None = None,
-) -> tuple:  # fmt: skip
+    n_rows: int, dim: int, ffn_dim: int, cfg: MmaConfig, device: torch.device, counters: CounterFactory
+) -> tuple:
     """(part1, count1, part2, count2, sync): ffn1's and ffn2's split-K partials (fp32) and per-tile counters,
     and the ticket / ended / ready counters (int32, from `counters`: zeroed; each call leaves them at 0)."""
     row_blocks = triton.cdiv(n_rows, cfg.block_m)
@@ -155,9 +154,7 @@ def ticket_scratch(
     part2 = torch.empty(
         tiles2 * cfg.ffn2_splits * cfg.block_m * cfg.block_n, device=device, dtype=torch.float32
     )
-    counts = (counters or zeroed_counters(device))(
-        tiles1 + tiles2 + _READY.value + row_blocks * cfg.ffn2_splits
-    )
+    counts = counters(tiles1 + tiles2 + _READY.value + row_blocks * cfg.ffn2_splits)
     return part1, counts[:tiles1], part2, counts[tiles1 : tiles1 + tiles2], counts[tiles1 + tiles2 :]
 
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import CounterFactory, zeroed_counters
+from voicehub.runtime.kernels.t2s_layer_mma_splitk_triton import CounterFactory
 
 
 @triton.jit
@@ -84,10 +84,10 @@ def _keeps(pid, STORED: tl.constexpr):
 
 
 def row_block_counters(
-    n_rows: int, block_m: int, is_on: bool, device: torch.device, counters: CounterFactory | None = None
+    n_rows: int, block_m: int, is_on: bool, device: torch.device, counters: CounterFactory
 ) -> torch.Tensor:
     """int32 counters, one per row block, from `counters` (zeroed; each use leaves them at 0); a
     placeholder when off (no memset joins the step's graph)."""
     if not is_on:
         return torch.empty(1, device=device, dtype=torch.int32)
-    return (counters or zeroed_counters(device))(triton.cdiv(n_rows, block_m))
+    return counters(triton.cdiv(n_rows, block_m))

@@ -57,19 +57,14 @@ def k_span(n_in: int, block_k: int, splits: int) -> int:
     return triton.cdiv(triton.cdiv(n_in, block_k), splits) * block_k
 
 
-# int32 counters [n], at 0 when the next kernel runs: zeroed when made (`zeroed_counters`), or all of a
-# step's counters later by one fill (`t2s_layer_mma_triton.Scratch.allocate_groups`)
+# int32 counters [n], at 0 when the next kernel runs: all of a step's counters are zeroed by one fill
+# (`t2s_layer_mma_triton.Scratch.allocate_groups`)
 CounterFactory = Callable[[int], torch.Tensor]
-
-
-def zeroed_counters(device: torch.device) -> CounterFactory:
-    """Counters zeroed when made, one fill each."""
-    return lambda n: torch.zeros(n, device=device, dtype=torch.int32)
 
 
 def split_scratch(
     n_rows: int, block_m: int, gemms: list[tuple[int, int, int]], device: torch.device,
-    counters: CounterFactory | None = None,
+    counters: CounterFactory,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(part fp32, count int32 from `counters`) large enough for every GEMM of `gemms`: (n_out, block_n,
     splits). One pair serves every GEMM in turn: each leaves the counters at 0 when it ends (zeroed
@@ -80,4 +75,4 @@ def split_scratch(
     part = torch.empty(max(parts, default=1), device=device, dtype=torch.float32)
     if not parts:  # no split GEMM: nothing counts, and no memset joins the step's graph
         return part, torch.empty(1, device=device, dtype=torch.int32)
-    return part, (counters or zeroed_counters(device))(max(tiles))
+    return part, counters(max(tiles))

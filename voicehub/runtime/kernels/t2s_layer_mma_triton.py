@@ -248,16 +248,14 @@ class Scratch:
     ) -> list[Scratch]:
         """A scratch per row group (`row_spans`), every group's counters zeroed by one fill: each
         counter would otherwise be a memset of its own in the step's graph (~1 us each on an H100)."""
-        pending: list[torch.Tensor] = []
-        scratch = [cls._allocate(n, weights, max_slots, cfg, pending) for n in group_rows]
+        scratch = [cls._allocate(n, weights, max_slots, cfg) for n in group_rows]
+        pending = [c for s in scratch for c in s.counters]
         if pending:
             torch._foreach_zero_(pending)  # one multi-tensor kernel on CUDA
         return scratch
 
     @classmethod
-    def _allocate(
-        cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig, pending: list[torch.Tensor]
-    ) -> Scratch:
+    def _allocate(cls, n_rows: int, weights: StackWeights, max_slots: int, cfg: MmaConfig) -> Scratch:
         dim, dtype, dev = weights.head_weight.shape[1], weights.head_weight.dtype, weights.head_weight.device
         made: list[torch.Tensor] = []
 
@@ -277,14 +275,12 @@ class Scratch:
             gemms += [(ffn_dim, cfg.ffn_block, cfg.ffn1_splits), (dim, cfg.block_n, cfg.ffn2_splits)]
         part_shape = (n_rows, weights.n_head, dim) if cfg.attn_out else (1,)
         out_count = counters(n_rows) if cfg.attn_out else torch.empty(1, device=dev, dtype=torch.int32)
-        s = cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, attn_span(cfg)),
-                *split_scratch(n_rows, cfg.block_m, gemms, dev, counters),
-                row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev, counters),
-                torch.empty(part_shape, device=dev, dtype=torch.float32), out_count,
-                ticket_scratch(n_rows, dim, ffn_dim, cfg, dev, counters) if cfg.ffn_tickets else (),
-                tuple(made))  # fmt: skip
-        pending += made
-        return s
+        return cls(*xs, *outs, h, *attention_scratch(n_rows, weights, max_slots, attn_span(cfg)),
+                   *split_scratch(n_rows, cfg.block_m, gemms, dev, counters),
+                   row_block_counters(n_rows, cfg.block_m, cfg.prenorm, dev, counters),
+                   torch.empty(part_shape, device=dev, dtype=torch.float32), out_count,
+                   ticket_scratch(n_rows, dim, ffn_dim, cfg, dev, counters) if cfg.ffn_tickets else (),
+                   tuple(made))  # fmt: skip
 
 
 def _dims(s: Scratch, cfg: MmaConfig) -> dict:
