@@ -39,7 +39,7 @@ def _embed(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, row, cols, mask, dim,
     # table[token] + alpha * pe[pos] of one row: [BLOCK_D] float32, rounded to the model's dtype where
     # `embed_audio_at` stores a tensor (alpha * pe, then the sum), so layer 0 sees torch's input: only in a
     # kernel launched without FP contraction (enable_fp_fusion=False), else the compiler fuses the product
-    # and the sum into one fma.rn.f16 (the one-row qkv kernel does: `tests/compile_sm90.py`)
+    # and the sum into one fma.rn.f16 (the one-row qkv kernel's sm_90 PTX holds one)
     tok = tl.load(tok_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     e = tl.load(table_ptr + tok * dim + cols, mask=mask, other=0.0).to(tl.float32)
