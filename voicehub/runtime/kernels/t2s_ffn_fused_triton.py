@@ -116,7 +116,7 @@ def fused_scratch_gemm(dim: int, n_slices: int) -> tuple[int, int, int]:
 
 
 def ffn_fused_stage(s, layer, eps: float, cfg) -> None:
-    """s (`t2s_layer_mma_triton.Scratch`): LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn (cfg.prenorm: read
+    """s (`t2s_layer_mma_scratch.Scratch`): LN1(s.x_attn + s.out_attn + b_o) -> s.x_ffn (cfg.prenorm: read
     from s.x_ffn); relu(x1 W1^T + b1) W2^T -> s.out_ffn [B, D] fp32, bias-free, as ffn1 + ffn2 leave it
     (cfg.prenorm: also LN2(s.x_ffn + that + b2) -> s.x_attn). s.h is not written."""
     n_rows, dim = s.q.shape

@@ -39,7 +39,7 @@ from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch
 
 if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
-    from voicehub.runtime.kernels.t2s_layer_mma_triton import Scratch
+    from voicehub.runtime.kernels.t2s_layer_mma_scratch import Scratch
 
 # sync's layout: the ticket, the programs ended, then the ready counters
 _TICKET, _DONE, _READY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)

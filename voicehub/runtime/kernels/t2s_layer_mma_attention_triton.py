@@ -24,7 +24,7 @@ from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch,
 
 if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
-    from voicehub.runtime.kernels.t2s_layer_mma_triton import Scratch
+    from voicehub.runtime.kernels.t2s_layer_mma_scratch import Scratch
 
 ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (MmaConfig.attn_out)
 

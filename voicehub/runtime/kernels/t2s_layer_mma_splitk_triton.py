@@ -58,7 +58,7 @@ def k_span(n_in: int, block_k: int, splits: int) -> int:
 
 
 # int32 counters [n], at 0 when the next kernel runs: all of a step's counters are zeroed by one fill
-# (`t2s_layer_mma_triton.Scratch.allocate_groups`)
+# (`t2s_layer_mma_scratch.Scratch.allocate_groups`)
 CounterFactory = Callable[[int], torch.Tensor]
 
 
