@@ -102,18 +102,22 @@ def main() -> None:
     # early and late (the two branches of `_await_previous`)
     cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
     gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
-    for attn_stages in sorted({cfg.attn_stages, 2}):  # the table's tile loop, and a pipelined one
+    # the table's tile loop, a pipelined one, and the first tile loaded before the wait (pdl_attn: PDL 4, the
+    # qkv kernel before it 3)
+    for attn_stages, first in sorted({(cfg.attn_stages, False), (2, False), (cfg.attn_stages, True)}):
         compile_sm90(attention._attention_kernel,
                      dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
-                          TILES=cfg.attn_tiles, SPLITS=1, PDL=0, OUT=cfg.attn_out, BLOCK_D=DIM,
+                          TILES=cfg.attn_tiles, SPLITS=1, PDL=4 if first else 0, OUT=cfg.attn_out, BLOCK_D=DIM,
                           BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
-                          STAGES=attn_stages), cfg.attn_warps, 3)  # fmt: skip
+                          STAGES=attn_stages, FIRST=first), cfg.attn_warps, 3)  # fmt: skip
     warps = cfg.gemm_warps
     for depth, stages in enumerate(gemm_depths()):
-        for raw, stored in ((True, False), (True, True)):  # layer 0's input, a later layer's (prenorm)
+        # layer 0's input, a later layer's (prenorm), and that letting a pdl_attn attention launch (PDL 3)
+        qkv_paths = ((True, False, 0), (True, True, 0), (True, True, 3))
+        for raw, stored, pdl in qkv_paths if depth == 0 else qkv_paths[:2]:
             compile_sm90(mma._qkv_kernel, dict(gemm, N_HEAD=N_HEAD, HEADS=N_HEAD, HEAD_DIM=DIM // N_HEAD,
                                                RAW=raw, STORED=stored, BLOCK_N=cfg.block_n,
-                                               SPLITS=cfg.qkv_splits), warps, stages)  # fmt: skip
+                                               SPLITS=cfg.qkv_splits, PDL=pdl), warps, stages)  # fmt: skip
         compile_sm90(mma._ffn1_kernel, dict(gemm, BLOCK_F=cfg.ffn_block, SPLITS=cfg.ffn1_splits,
                                             PRENORM=cfg.prenorm), warps, stages)  # fmt: skip
         for pdl in (0, 1, 2) if depth == 0 else (0,):

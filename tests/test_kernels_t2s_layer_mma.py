@@ -144,6 +144,25 @@ def test_pipelined_attention_tiles_give_the_same_bits(mk):
     assert not want.isnan().any()
 
 
+@pytest.mark.parametrize("tiles", [1, 8])
+def test_first_kv_tile_loaded_before_the_wait_gives_the_same_bits(mk, tiles):
+    # pdl_attn: each attention program loads its first tile of K/V (the slots below the row's length) before
+    # it waits for the qkv kernel, and loads it again where the tile holds the slot qkv just wrote (lengths
+    # 0-15 here, in the first 16-slot tile; on the CPU nothing runs early, the peeled first tile is what is
+    # checked): bitwise the plain loop, in programs of one tile (blocks past the length: no live slot) and
+    # of the whole cache, K and V as written
+    x, w, k, v, lengths = stack_inputs(len(LENGTHS), torch.float16, LENGTHS)
+    plain = mk.MmaConfig(**BLOCKS, attn_tiles=tiles, prenorm=True, **SPLITS, attn_out=True, pdl=False)
+    k_want, v_want = k.clone(), v.clone()
+    want = mk.decode_stack_mma(x, w, k_want, v_want, lengths, N_SLOTS, config=plain)
+    early = dataclasses.replace(plain, pdl_attn=True)
+    got = mk.decode_stack_mma(x, w, k, v, lengths, N_SLOTS, config=early)
+    assert torch.equal(got, want)
+    for cache, cache_want in ((k, k_want), (v, v_want)):
+        torch.testing.assert_close(cache, cache_want, rtol=0, atol=0, equal_nan=True)
+    assert not want.isnan().any()
+
+
 def test_row_groups_split_whole_row_blocks_and_give_the_same_bits(mk):
     # 34 rows in two groups (32 + 2; on the CPU one after another): bitwise one call over all rows
     cfg = mk.MmaConfig(**BLOCKS)
@@ -374,6 +393,8 @@ def test_stack_refuses_mismatched_arguments_and_configs(mk):
         mk.MmaConfig(ffn_slices=4, ffn_chunk=8)
     with pytest.raises(ValueError, match="pdl_late needs pdl"):
         mk.MmaConfig(pdl=False, pdl_late=True)
+    with pytest.raises(ValueError, match="pdl_attn is PDL on the qkv -> attention edge alone"):
+        mk.MmaConfig(pdl=True, pdl_attn=True)
     with pytest.raises(ValueError, match="ffn_slices must be 0"):
         mk.MmaConfig(ffn_slices=4, ffn_tickets=True)
     with pytest.raises(ValueError, match="must be >= 1"):

@@ -30,16 +30,42 @@ ATTN_OUT_BLOCK = 128  # out-projection outputs per chunk in a head's program (Mm
 
 
 @triton.jit
+def _kv_tile(k_row, v_row, slots, live, dims, dmask, sks, svs, KV_POLICY: tl.constexpr):
+    # K and V of one tile [BLOCK_S, DH] (0 where not live or past the head's dims)
+    kv_mask = live[:, None] & dmask[None, :]
+    k = tl.load(
+        k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+    )
+    v = tl.load(
+        v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
+    )
+    return k, v
+
+
+@triton.jit
+def _tile_update(k, v, q, live, scale, m, denom, acc):
+    # one tile of the online softmax: (m, sum, values) updated with the tile's live slots (one at least)
+    s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
+    alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+    p = tl.exp(s - m_new)
+    denom = denom * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    return m_new, denom, acc
+
+
+@triton.jit
 def _attend_tiles(
-    q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs,
+    q_ptr, k_ptr, v_ptr, b, h, start, n, dim, scale, skb, skh, sks, svb, svh, svs, k0, v0,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr, FIRST: tl.constexpr,
 ):  # fmt: skip
     # Head h of row b over slots [start, start + TILES * BLOCK_S), online softmax tile by tile, visiting
     # only the tiles that hold a live slot (< n): (max m, sum of exp(s - m), p-weighted values [DH]), fp32.
     # A block with no live slot keeps m = -inf, sum 0 (it weighs nothing in the merge). STAGES > 1: Triton
     # pipelines the tiles' K/V loads (cp.async into shared memory, STAGES - 1 tiles ahead; the same values
-    # and operations); 1: each tile's loads, then its math.
+    # and operations); 1: each tile's loads, then its math. FIRST: the first tile's K/V, k0 and v0, were
+    # loaded before the previous kernel ended (MmaConfig.pdl_attn, `_attention_kernel`); unread without it.
     dims = tl.arange(0, DH)
     dmask = dims < HEAD_DIM
     q = tl.load(q_ptr + b * dim + h * HEAD_DIM + dims, mask=dmask, other=0.0).to(tl.float32)
@@ -49,38 +75,58 @@ def _attend_tiles(
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # a scalar -inf of the loop's type
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     acc = tl.zeros([DH], tl.float32)
+    n_tiles = tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES)
+    first = 0
+    if FIRST:
+        first = 1
+        if n_tiles > 0:
+            m, denom, acc = _tile_update(k0, v0, q, start + tl.arange(0, BLOCK_S) < n, scale, m, denom, acc)
     # num_stages 1 compiles to the plain loop's code (PTX compared on Triton 3.6 and 3.9)
-    for t in tl.range(0, tl.minimum(tl.cdiv(n - start, BLOCK_S), TILES), num_stages=STAGES):
+    for t in tl.range(first, n_tiles, num_stages=STAGES):
         slots = start + t * BLOCK_S + tl.arange(0, BLOCK_S)
         live = slots < n
-        kv_mask = live[:, None] & dmask[None, :]
-        k = tl.load(
-            k_row + slots[:, None] * sks + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-        )
-        v = tl.load(
-            v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
-        )
-        s = tl.where(live, tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the tile has a live slot
-        alpha = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-        p = tl.exp(s - m_new)
-        denom = denom * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        m = m_new
+        k, v = _kv_tile(k_row, v_row, slots, live, dims, dmask, sks, svs, KV_POLICY)
+        m, denom, acc = _tile_update(k, v, q, live, scale, m, denom, acc)
     return m, denom, acc
 
 
 @triton.jit
+def _first_tile(
+    k_ptr, v_ptr, len_ptr, b, h, split, n_slots, skb, skh, sks, svb, svh, svs, DH: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr, KV_POLICY: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    # MmaConfig.pdl_attn: the block's first tile of K/V loaded while the qkv kernel still runs (slots below
+    # the row's length: earlier steps' values, which no kernel of this step writes), then the wait; a tile
+    # that holds this step's slot (the length, just written by qkv) is loaded again after it
+    dims = tl.arange(0, DH)
+    dmask = dims < HEAD_DIM
+    b64 = b.to(tl.int64)
+    k_row = k_ptr + b64 * skb + h * skh
+    v_row = v_ptr + b64 * svb + h * svh
+    length = tl.load(len_ptr + b).to(tl.int32)
+    slots = split * TILES * BLOCK_S + tl.arange(0, BLOCK_S)
+    k0, v0 = _kv_tile(
+        k_row, v_row, slots, slots < tl.minimum(length, n_slots), dims, dmask, sks, svs, KV_POLICY
+    )
+    _await_previous(PDL)
+    if length < split * TILES * BLOCK_S + BLOCK_S:
+        k0, v0 = _kv_tile(k_row, v_row, slots, slots < tl.minimum(length + 1, n_slots), dims, dmask, sks, svs,
+                          KV_POLICY)  # fmt: skip
+    return k0, v0
+
+
+@triton.jit
 def _attend_block(
-    q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks, svb, svh, svs,
+    q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks, svb, svh, svs, k0, v0,
     HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
-    KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
+    KV_POLICY: tl.constexpr, STAGES: tl.constexpr, FIRST: tl.constexpr,
 ):  # fmt: skip
     # block `split` (TILES tiles of BLOCK_S slots) of head h of row b, over the row's slots below its length
     # + 1 (within the bucket's n_slots): `_attend_tiles`' (m, sum, values)
     n = tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots)
     return _attend_tiles(q_ptr, k_ptr, v_ptr, b, h, split * TILES * BLOCK_S, n, dim, scale, skb, skh, sks, svb,
-                         svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
+                         svh, svs, k0, v0, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES, FIRST)  # fmt: skip
 
 
 @triton.jit
@@ -90,16 +136,23 @@ def _attention_kernel(
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr, FIRST: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
-    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it
-    _await_previous(PDL)  # no weights here to read first
+    # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it. FIRST
+    # (MmaConfig.pdl_attn): the first tile's K/V loaded before the wait (`_first_tile`)
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    if FIRST:
+        k0, v0 = _first_tile(k_ptr, v_ptr, len_ptr, b, h, split, n_slots, skb, skh, sks, svb, svh, svs, DH,
+                             HEAD_DIM, BLOCK_S, TILES, KV_POLICY, PDL)  # fmt: skip
+    else:
+        _await_previous(PDL)  # no weights here to read first
+        k0, v0 = q_ptr, q_ptr  # unread
     m, denom, acc = _attend_block(q_ptr, k_ptr, v_ptr, len_ptr, b, h, split, n_slots, dim, scale, skb, skh, sks,
-                                  svb, svh, svs, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES)  # fmt: skip
+                                  svb, svh, svs, k0, v0, HEAD_DIM, DH, BLOCK_S, TILES, KV_POLICY, STAGES,
+                                  FIRST)  # fmt: skip
     dims = tl.arange(0, DH)
     out = attn_ptr + b * dim + h * HEAD_DIM + dims
     dtype = attn_ptr.dtype.element_ty
@@ -194,5 +247,6 @@ def attention_stage(
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
-        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, num_warps=cfg.attn_warps, **_launch(cfg, s.q.device),
+        KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, FIRST=cfg.pdl_attn, num_warps=cfg.attn_warps,
+        **_launch(cfg, s.q.device, "after"),
     )  # fmt: skip

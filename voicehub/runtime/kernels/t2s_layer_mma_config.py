@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
+    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
 )
 
 
@@ -44,6 +44,9 @@ class MmaConfig:
     # with pdl, a kernel lets the next one launch only once its own wait is over (at most two kernels on
     # the GPU at a time), not at its start: no effect on results
     pdl_late: bool = False
+    # PDL on one edge only (pdl off): the attention kernel launches while its row group's qkv kernel runs (qkv
+    # lets it at once) and loads its first K/V tile (earlier steps' slots) before it waits: no effect on results
+    pdl_attn: bool = False
     qkv_splits: int = 1
     out_splits: int = 1
     ffn1_splits: int = 1
@@ -83,6 +86,8 @@ class MmaConfig:
             raise ValueError("MmaConfig.attn_out needs prenorm (its last head stores LN1 for a plain ffn1)")
         if self.pdl_late and not self.pdl:
             raise ValueError("MmaConfig.pdl_late needs pdl (it moves PDL's launch of the next kernel)")
+        if self.pdl_attn and self.pdl:
+            raise ValueError("MmaConfig.pdl_attn is PDL on the qkv -> attention edge alone: pdl must be off")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
         if self.gemm_stages < 1 or self.attn_stages < 1:

@@ -202,10 +202,11 @@ def _embed_kernel(tok_ptr, pos_ptr, table_ptr, pe_ptr, alpha_ptr, x_ptr, dim, BL
     tl.store(x_ptr + row * dim + cols, x.to(dtype), mask=mask)
 
 
-def _dims(s: Scratch, cfg: MmaConfig) -> dict:
+def _dims(s: Scratch, cfg: MmaConfig, edge: str = "") -> dict:
     dim = s.q.shape[1]
     return dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=triton.next_power_of_2(dim),
-                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages, **_launch(cfg, s.q.device))  # fmt: skip
+                IEEE=s.q.dtype == torch.float32, num_warps=cfg.gemm_warps, num_stages=cfg.gemm_stages,
+                **_launch(cfg, s.q.device, edge))  # fmt: skip
 
 
 def qkv_stage(
@@ -225,7 +226,7 @@ def qkv_stage(
         n_rows, dim, k_layer.shape[2], eps, k_span(dim, cfg.block_k, cfg.qkv_splits), *k_layer.stride()[:3],
         *v_layer.stride()[:3], N_HEAD=n_head, HEADS=triton.next_power_of_2(n_head), HEAD_DIM=dim // n_head,
         RAW=prev is None or is_stored, STORED=is_stored, BLOCK_N=cfg.block_n, SPLITS=cfg.qkv_splits,
-        **_dims(s, cfg),
+        **_dims(s, cfg, "before"),
     )  # fmt: skip
 
 

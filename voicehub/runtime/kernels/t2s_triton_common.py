@@ -25,13 +25,19 @@ def _await_previous(PDL: tl.constexpr):
     # Programmatic dependent launch: a kernel may start while the one before it finishes, so each kernel
     # loads only its weights (which no kernel writes) before this point, and reads or writes every other
     # buffer after it. PDL 1 lets the next kernel launch at once, then waits for the previous one to
-    # complete; 2 (MmaConfig.pdl_late) waits first, so at most two kernels share the GPU at a time.
+    # complete; 2 (MmaConfig.pdl_late) waits first, so at most two kernels share the GPU at a time. One
+    # edge alone (MmaConfig.pdl_attn): 3 in a kernel launched in order only lets the next one launch, 4 in
+    # that next kernel only waits (the kernel after it launches in order).
     if PDL == 1:
         gdc_launch_dependents()
         gdc_wait()
     elif PDL == 2:
         gdc_wait()
         gdc_launch_dependents()
+    elif PDL == 3:
+        gdc_launch_dependents()
+    elif PDL == 4:
+        gdc_wait()
 
 
 @triton.jit
@@ -100,11 +106,17 @@ def _has_pdl(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _launch(cfg: Any, device: torch.device) -> dict:
+def _launch(cfg: Any, device: torch.device, edge: str = "") -> dict:
     """Launch options: PDL (the kernels' constexpr and Triton's launch flag) where the config (a stack's
     StackConfig or MmaConfig: its pdl, and pdl_late if it has one) asks and the
     GPU has it (Hopper and later); never on the CPU interpreter. The constexpr: 1, or 2 where the config
-    asks for the next kernel's launch only after the wait (`_await_previous`)."""
-    if not (cfg.pdl and _has_pdl(device)):
+    asks for the next kernel's launch only after the wait (`_await_previous`). With MmaConfig.pdl_attn
+    (pdl off) only the qkv -> attention edge: edge "before" (the qkv kernel) 3, "after" (the attention,
+    launched with the flag) 4, any other kernel 0."""
+    if not _has_pdl(device):
         return {"PDL": 0}
-    return {"PDL": 2 if getattr(cfg, "pdl_late", False) else 1, "launch_pdl": True}
+    if cfg.pdl:
+        return {"PDL": 2 if getattr(cfg, "pdl_late", False) else 1, "launch_pdl": True}
+    if getattr(cfg, "pdl_attn", False) and edge:
+        return {"PDL": 3} if edge == "before" else {"PDL": 4, "launch_pdl": True}
+    return {"PDL": 0}
