@@ -102,14 +102,22 @@ def main() -> None:
     # early and late (the two branches of `_await_previous`)
     cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
     gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
-    # the table's tile loop, a pipelined one, and the first tile loaded before the wait (pdl_attn: PDL 4, the
-    # qkv kernel before it 3)
-    for attn_stages, first in sorted({(cfg.attn_stages, False), (2, False), (cfg.attn_stages, True)}):
-        compile_sm90(attention._attention_kernel,
-                     dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
-                          TILES=cfg.attn_tiles, SPLITS=1, PDL=4 if first else 0, OUT=cfg.attn_out, BLOCK_D=DIM,
-                          BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
-                          STAGES=attn_stages, FIRST=first), cfg.attn_warps, 3)  # fmt: skip
+    # the table's tile loop, a pipelined one, the first tile loaded before the wait (pdl_attn: PDL 4, the
+    # qkv kernel before it 3), and the next layer's K/V prefetched into L2 (kv_prefetch: the bulk prefetch in
+    # its PTX, which ptxas must take)
+    paths = {(cfg.attn_stages, False, False), (2, False, False), (cfg.attn_stages, True, False),
+             (cfg.attn_stages, False, True)}  # fmt: skip
+    for attn_stages, first, prefetch in sorted(paths):
+        ptx = compile_sm90(attention._attention_kernel,
+                           dict(N_HEAD=N_HEAD, HEAD_DIM=DIM // N_HEAD, DH=DIM // N_HEAD, BLOCK_S=cfg.attn_block,
+                                TILES=cfg.attn_tiles, SPLITS=1, PDL=4 if first else 0, OUT=cfg.attn_out,
+                                BLOCK_D=DIM, BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
+                                STAGES=attn_stages, FIRST=first, PREFETCH=prefetch, LANES=32 * cfg.attn_warps),
+                           cfg.attn_warps, 3)  # fmt: skip
+        if prefetch != ("cp.async.bulk.prefetch.L2.global" in ptx):
+            raise AssertionError(
+                f"the attention's PTX {'lacks' if prefetch else 'holds'} the L2 bulk prefetch"
+            )
     warps = cfg.gemm_warps
     for depth, stages in enumerate(gemm_depths()):
         # layer 0's input, a later layer's (prenorm), and that letting a pdl_attn attention launch (PDL 3)

@@ -34,10 +34,11 @@ def test_step_kernels_compile_for_sm90_without_a_gpu():
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
-    # many rows: two qkv, attention (its tile loop plain and pipelined), ffn1, ffn2 (PDL off, early, late), head,
-    # the ticketed FFN, and six GEMM kernels (ffn2 PDL off) again at each other pipelining depth of the bucket
-    # changes, the embedding; one row: three qkv, ffn, head, attention; the noise, the sampler
+    # many rows: three qkv (layer 0's, a later layer's, that one letting a pdl_attn attention launch), four
+    # attentions (the tile loop plain, pipelined, pdl_attn's, kv_prefetch's), ffn1, ffn2 (PDL off, early, late),
+    # head, the ticketed FFN, and six GEMM kernels (two qkv, ffn2 PDL off) again at each other pipelining depth
+    # of the bucket changes, the embedding; one row: three qkv, ffn, head, attention; the noise, the sampler
     entry = config_for(*V3)
     depths = {b.change.get("gemm_stages", entry.gemm_stages) for b in BUCKET_CHANGES.get(V3, ())}
-    assert len(lines) == 10 + 6 * len(depths - {entry.gemm_stages}) + 1 + 6 + 2, proc.stdout
+    assert len(lines) == 13 + 6 * len(depths - {entry.gemm_stages}) + 1 + 6 + 2, proc.stdout
     assert all("B shared" in line for line in lines), proc.stdout

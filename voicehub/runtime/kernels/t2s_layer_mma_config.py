@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first gemm_stages attn_stages row_groups group_rows attn_stream".split()
+    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first kv_prefetch gemm_stages attn_stages row_groups group_rows "
+    "attn_stream".split()
 )
 
 
@@ -69,6 +70,11 @@ class MmaConfig:
     # the attention kernel reads K and V with evict_first (read once a step, ~60-100 MB a layer at 64 rows:
     # the weights and partials stay in L2 instead); no effect on results
     kv_evict_first: bool = False
+    # tiles (attn_block slots each, from slot 0) of the next layer's K and V that each attention program
+    # prefetches into L2 once its own tiles are read (cp.async.bulk.prefetch.L2, sm_90+; on the last layer the
+    # next step's first): the next attention reads them from L2 while memory would sit idle during the GEMMs
+    # between the two. 0: none. No effect on results
+    kv_prefetch: int = 0
     # the rows in up to row_groups groups of whole row blocks, each group's kernels on a CUDA stream of its
     # own (forked and joined inside the step), the groups' attentions taking turns (layer by layer, group by
     # group): one group's GEMM chain (latency-bound) runs beside another's attention (bandwidth-bound). A
@@ -90,11 +96,15 @@ class MmaConfig:
             raise ValueError("MmaConfig.pdl_attn is PDL on the qkv -> attention edge alone: pdl must be off")
         if self.ffn_tickets and self.ffn_slices:
             raise ValueError("MmaConfig.ffn_tickets runs the unfused pair's tiles: ffn_slices must be 0")
+        if self.kv_prefetch < 0:
+            raise ValueError(f"MmaConfig.kv_prefetch counts tiles: >= 0 (0: none), got {self.kv_prefetch}")
         if self.gemm_stages < 1 or self.attn_stages < 1:
             raise ValueError("MmaConfig.gemm_stages and attn_stages must be >= 1 (1: no pipelining)")
         for name, value in vars(self).items():
-            # the power-of-two rule spares the flags (bools), the pipelining depths and ffn_slices 0 (no fused FFN)
-            spared = name in ("gemm_stages", "attn_stages") or (name == "ffn_slices" and value == 0)
+            # the power-of-two rule spares the flags (bools), the pipelining depths, the prefetch's tile count
+            # and ffn_slices 0 (no fused FFN)
+            counts = ("gemm_stages", "attn_stages", "kv_prefetch")
+            spared = name in counts or (name == "ffn_slices" and value == 0)
             if isinstance(value, bool) or spared:
                 continue
             if value < 1 or value & (value - 1):

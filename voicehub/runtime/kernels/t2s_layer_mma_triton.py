@@ -332,8 +332,10 @@ def step_groups(
             k, v, rows = k_cache[i, lo:hi], v_cache[i, lo:hi], lengths[lo:hi]
             with streams.gemms(g):
                 qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
+            nxt = (i + 1) % len(weights.layers)  # the last layer's attention prefetches the next step's first
+            kv_next = (k_cache[nxt, lo:hi], v_cache[nxt, lo:hi]) if cfg.kv_prefetch else None
             with streams.attention(g):
-                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg)
+                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg, kv_next)
             with streams.gemms(g):
                 out_proj_stage(s, layer, weights.eps, cfg)
                 ffn1_stage(s, layer, weights.eps, cfg)
