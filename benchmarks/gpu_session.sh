@@ -26,10 +26,11 @@ v3full() {  # the full-size random GPT-SoVITS v3 set under /tmp/v3full, made onc
   step make-v3full 90 python3 -m voicehub.cli make-checkpoint gpt-sovits-v3 --size full --out /tmp/v3full --margin-tokens 0 \
     && touch /tmp/v3full/.complete
 }
-# rowsab's variants: PDL on the qkv -> attention edge, the next layer's K/V prefetched into L2 (1-3 tiles, all),
-# the attention's tiles, split-K counts, one row group
+# rowsab's variants: PDL on the qkv -> attention edge, the next layer's K/V (1-3 tiles, all) and the next GEMMs'
+# weights prefetched into L2, the attention's tiles, split-K counts, one row group
 ROWS_AB="chain;chain pdl_attn=True;chain kv_prefetch=1;chain kv_prefetch=2;chain kv_prefetch=3;chain kv_prefetch=8"
-ROWS_AB+=";chain pdl_attn=True kv_prefetch=2;chain row_groups=1 kv_prefetch=2;chain attn_tiles=4;chain attn_tiles=2"
+ROWS_AB+=";chain w_prefetch=True;chain kv_prefetch=2 w_prefetch=True;chain pdl_attn=True kv_prefetch=2 w_prefetch=True"
+ROWS_AB+=";chain row_groups=1 kv_prefetch=2 w_prefetch=True;chain attn_tiles=4;chain attn_tiles=2"
 ROWS_AB+=";chain ffn2_splits=8;chain ffn2_splits=2;chain qkv_splits=1;chain ffn1_splits=4;chain row_groups=1"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$LOG"
@@ -121,7 +122,7 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     gemmsplits) step gemm-splits 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 --variants \
         "chain;chain ffn2_splits=1;chain ffn2_splits=2;chain ffn2_splits=8;chain qkv_splits=1;chain ffn1_splits=1;chain ffn1_splits=4;chain prenorm=False attn_out=False" \
         --out "$OUT/t2s_rows_probe_splits${SUFFIX:-}.json" ;;
-    # session 36: the step's open candidates at 64 rows (ROWS_VARIANTS, default ROWS_AB below), then the engine
+    # session 36: the step's open candidates at 64 rows (ROWS_VARIANTS, default ROWS_AB above), then the engine
     # at 64 streams with the table and with the probe's fastest RESULT_FREE and results-changing variants, each
     # only if >1% under the table's chain in the probe (t2s_rows_pick.py); SUFFIX names the files (~8-9 min)
     rowsab) step rows-ab-probe 270 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
@@ -129,7 +130,8 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
       step engine-table 130 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64 --reps 3 \
         --no-sync-count --out "$OUT/t2s_batch_triton${SUFFIX:-}_table.json"
       for kind in free changing; do
-        change=$(python3 benchmarks/t2s_rows_pick.py "$OUT/t2s_rows_probe_ab${SUFFIX:-}.json" --kind $kind 2>>"$LOG")
+        change=$(python3 benchmarks/t2s_rows_pick.py "$OUT/t2s_rows_probe_ab${SUFFIX:-}.json" --log "$LOG" \
+          --kind $kind 2>>"$LOG")
         echo "== pick $kind: '${change}'" | tee -a "$LOG"
         [ -n "$change" ] && step "engine-$kind" 130 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64 \
           --reps 3 --no-sync-count --mma-change "$change" --out "$OUT/t2s_batch_triton${SUFFIX:-}_$kind.json"

@@ -5,6 +5,9 @@ or nothing; the ranking goes to stderr. --kind free keeps the RESULT_FREE varian
 --kind changing the others (other numbers: the engine's margin rule against eager decides).
 
     python benchmarks/t2s_rows_pick.py results/t2s_rows_probe_ab_h200.json --kind free
+
+A probe stopped by its time limit writes no JSON: --log then reads the rows it printed, after the log's last
+line that starts with --after (gpu_session.sh's step header).
 """
 
 from __future__ import annotations
@@ -48,11 +51,19 @@ def main() -> None:
     p.add_argument("probe", type=Path, help="t2s_rows_probe.py's --out JSON")
     p.add_argument("--kind", choices=["free", "changing"], required=True)
     p.add_argument("--margin", type=float, default=0.01)
+    p.add_argument("--log", type=Path, help="where the probe printed its rows, read without the JSON")
+    p.add_argument("--after", default="== rows-ab-probe (")
     args = p.parse_args()
-    if not args.probe.exists():
+    if args.probe.exists():
+        results = json.loads(args.probe.read_text())["results"]
+    elif args.log and args.log.exists():
+        lines = args.log.read_text().splitlines()
+        start = max((i for i, line in enumerate(lines) if line.startswith(args.after)), default=-1)
+        results = [json.loads(line) for line in lines[start + 1 :] if line.startswith('{"rows"')]
+    else:
         print(f"{args.probe}: no probe results", file=sys.stderr)
         return
-    change, ranking = pick(json.loads(args.probe.read_text())["results"], args.kind, args.margin)
+    change, ranking = pick(results, args.kind, args.margin)
     for name, us in ranking:
         print(f"{name:58s} {' '.join(f'{u:8.1f}' for u in us)}", file=sys.stderr)
     print(change)

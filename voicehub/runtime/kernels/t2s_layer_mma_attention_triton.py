@@ -7,8 +7,8 @@ partials and no merge). The head's 32 values, rounded to the model dtype, go to 
 out-projection kernel, or, with MmaConfig.attn_out, through the head's share of the out-projection
 (W_o's 32 columns of the head, fp32, stored per head); the row's last head to arrive sums the 16 shares
 in head order and stores LN1(x_attn + rnd(out + b_o)) to x_ffn, where ffn1 (prenorm) reads it. A row's
-numbers depend only on that row: bitwise the same alone or in any batch. With MmaConfig.kv_prefetch each
-program ends by prefetching its span's first tiles of the next layer's K/V into L2 (no value changes).
+numbers depend only on that row: bitwise the same alone or in any batch. MmaConfig.kv_prefetch / w_prefetch:
+L2 prefetches of the next layer's K/V and the next GEMMs' weights (`t2s_l2_prefetch_triton`; no value changes).
 """
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
+from voicehub.runtime.kernels.t2s_l2_prefetch_triton import (
+    kv_prefetched,
+    kv_targets,
+    prefetch_l2,
+    weight_targets,
+    weights_prefetched,
+)
 from voicehub.runtime.kernels.t2s_layer import LayerWeights
 from voicehub.runtime.kernels.t2s_triton_common import _await_previous, _launch, _merge_blocks, _post_norm_of
 
@@ -41,38 +48,6 @@ def _kv_tile(k_row, v_row, slots, live, dims, dmask, sks, svs, KV_POLICY: tl.con
         v_row + slots[:, None] * svs + dims[None, :], mask=kv_mask, other=0.0, eviction_policy=KV_POLICY
     )
     return k, v
-
-
-@triton.jit
-def _prefetch_targets(
-    kn_ptr, vn_ptr, len_ptr, b, h, split, n_slots, pf_slots, skb, skh, sks, svb, svh, svs,
-    BLOCK_S: tl.constexpr, TILES: tl.constexpr, LANES: tl.constexpr,
-):  # fmt: skip
-    # MmaConfig.kv_prefetch: what lane i of the program of (split, h, b) prefetches (one lane a thread): tile
-    # i // 2 of its span's K (i even) or V (odd) in the next layer's cache, over the slots below the row's
-    # length + 1, n_slots and pf_slots, as (pointer, bytes, on); lanes past those tiles are off
-    lane = tl.arange(0, LANES)
-    hi = tl.minimum(tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots), pf_slots)
-    first = split * TILES * BLOCK_S + (lane // 2) * BLOCK_S
-    on = (lane // 2 < TILES) & (first < hi)
-    slots = tl.minimum(hi - first, BLOCK_S)
-    b64 = b.to(tl.int64)
-    is_k = lane % 2 == 0
-    k_at = kn_ptr + b64 * skb + h * skh + first * sks
-    ptrs = tl.where(is_k, k_at, vn_ptr + b64 * svb + h * svh + first * svs)
-    nbytes = tl.where(is_k, slots * sks, slots * svs) * (kn_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    return ptrs, nbytes, on
-
-
-@triton.jit
-def _prefetch_l2(ptrs, nbytes, on):
-    # cp.async.bulk.prefetch.L2 of nbytes at each pointer where on: the bytes go to L2 only, nothing waits
-    # for them and no register holds them (sm_90+). The next layer's attention then reads them from L2 while
-    # the GEMMs between the two attentions, which read a few MB, would leave memory idle.
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.b32 $0, 0; }",
-        "=r,l,r,r", [ptrs, on.to(tl.int32), nbytes], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -166,20 +141,27 @@ def _attend_block(
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, m_ptr, l_ptr, part_ptr, count_ptr, attn_ptr,
     wo_ptr, bo_ptr, n1w_ptr, n1b_ptr, xa_ptr, xf_ptr, opart_ptr, rcount_ptr, eps, kn_ptr, vn_ptr, pf_slots,
+    w1_ptr, w2_ptr, w3_ptr, w4_ptr, w1_bytes, w2_bytes, w3_bytes, w4_bytes,
     n_slots, n_splits, dim, scale, skb, skh, sks, svb, svh, svs,
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr, FIRST: tl.constexpr,
-    PREFETCH: tl.constexpr, LANES: tl.constexpr,
+    PREFETCH: tl.constexpr, WPREFETCH: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
     # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it. FIRST
     # (MmaConfig.pdl_attn): the first tile's K/V loaded before the wait (`_first_tile`). PREFETCH
     # (MmaConfig.kv_prefetch): once its own tiles are read, the next layer's K/V below pf_slots into L2
-    # (`_prefetch_targets`; kn, vn, pf_slots unread without it)
+    # (`kv_targets`; kn, vn, pf_slots unread without it). WPREFETCH (MmaConfig.w_prefetch): first, the program's
+    # share of the weights w1..w4 into L2 (`weight_targets`; unread without it)
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    if WPREFETCH:  # weights, which no kernel writes: before the wait
+        n_prog = tl.num_programs(0) * N_HEAD * tl.num_programs(2)
+        ptrs, nbytes, on = weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, w1_bytes, w2_bytes, w3_bytes, w4_bytes,
+                                          (b * N_HEAD + h) * tl.num_programs(0) + split, n_prog, LANES)  # fmt: skip
+        prefetch_l2(ptrs, nbytes, on)
     if FIRST:
         k0, v0 = _first_tile(k_ptr, v_ptr, len_ptr, b, h, split, n_slots, skb, skh, sks, svb, svh, svs, DH,
                              HEAD_DIM, BLOCK_S, TILES, KV_POLICY, PDL)  # fmt: skip
@@ -209,9 +191,9 @@ def _attention_kernel(
         else:
             tl.store(out, a, mask=dims < HEAD_DIM)
     if PREFETCH:  # last: the fewest values live (80 registers as without it, 104 before the merge)
-        ptrs, nbytes, on = _prefetch_targets(kn_ptr, vn_ptr, len_ptr, b, h, split, n_slots, pf_slots, skb, skh, sks,
-                                             svb, svh, svs, BLOCK_S, TILES, LANES)  # fmt: skip
-        _prefetch_l2(ptrs, nbytes, on)
+        ptrs, nbytes, on = kv_targets(kn_ptr, vn_ptr, len_ptr, b, h, split, n_slots, pf_slots, skb, skh, sks, svb,
+                                      svh, svs, BLOCK_S, TILES, LANES)  # fmt: skip
+        prefetch_l2(ptrs, nbytes, on)
 
 
 @triton.jit
@@ -270,48 +252,32 @@ def attn_span(cfg: MmaConfig) -> int:
     return cfg.attn_block * cfg.attn_tiles  # KV slots per attention program
 
 
-def prefetches(cfg: MmaConfig, k_layer: torch.Tensor, kv_next: tuple | None) -> bool:
-    """Whether the attention prefetches the next layer's K/V (cfg.kv_prefetch, a next layer given, a CUDA
-    cache: Triton's interpreter has no L2 and no inline PTX). ValueError where it cannot: a GPU before sm_90
-    (no bulk prefetch), a tile's slots not one contiguous run of whole 16-byte units, too few lanes."""
-    if not (cfg.kv_prefetch and kv_next is not None and k_layer.is_cuda):
-        return False
-    if torch.cuda.get_device_capability(k_layer.device) < (9, 0):
-        raise ValueError("MmaConfig.kv_prefetch needs sm_90+ (cp.async.bulk.prefetch.L2): kv_prefetch 0 here")
-    head_dim = k_layer.shape[-1]
-    for t in (k_layer, *kv_next):
-        runs = t.stride(-1) == 1 and t.stride(-2) == head_dim and head_dim * t.element_size() % 16 == 0
-        if not runs or t.stride() != k_layer.stride():
-            raise ValueError(f"MmaConfig.kv_prefetch needs caches of one layout whose slots are contiguous runs of"
-                             f" 16-byte units; got strides {t.stride()} for head dim {k_layer.shape[-1]}")  # fmt: skip
-    if 2 * cfg.attn_tiles > 32 * cfg.attn_warps:
-        raise ValueError(f"MmaConfig.kv_prefetch: a program prefetches K and V of {cfg.attn_tiles} tiles, one a "
-                         f"thread; {cfg.attn_warps} warps are too few")  # fmt: skip
-    return True
-
-
 def attention_stage(
     s: Scratch, layer: LayerWeights, k_layer: torch.Tensor, v_layer: torch.Tensor, lengths: torch.Tensor,
     n_slots: int, eps: float, cfg: MmaConfig, kv_next: tuple[torch.Tensor, torch.Tensor] | None = None,
+    w_next: tuple[torch.Tensor, ...] | None = None,
 ) -> None:  # fmt: skip
     """Attention of s.q over each row's slots [0, min(lengths + 1, n_slots)) -> s.attn (model dtype); with
     cfg.attn_out, instead LN1(s.x_attn + s.attn @ W_o^T + b_o) -> s.x_ffn (what out_proj_stage stores).
     kv_next: the K / V cache of the layer whose attention runs next for these rows, which cfg.kv_prefetch
-    prefetches into L2 (`prefetches`)."""
+    prefetches into L2; w_next: the weights the next GEMMs read (W1, W2, the next W_qkv, W_o), which
+    cfg.w_prefetch prefetches (`t2s_l2_prefetch_triton`)."""
     (n_rows, dim), n_head = s.q.shape, s.count.shape[1]
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
     block_d = triton.next_power_of_2(dim)
-    prefetch = prefetches(cfg, k_layer, kv_next)
+    prefetch, w_prefetch = kv_prefetched(cfg, k_layer, kv_next), weights_prefetched(cfg, w_next)
     k_next, v_next = kv_next if prefetch else (k_layer, v_layer)  # unread without the prefetch
+    ws = w_next if w_prefetch else (layer.out_weight,) * 4  # unread without the prefetch
+    w_bytes = [w.numel() * w.element_size() for w in ws]
     _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
         layer.out_weight, layer.out_bias, layer.norm1_weight, layer.norm1_bias, s.x_attn, s.x_ffn, s.out_part,
-        s.out_count, eps, k_next, v_next, cfg.kv_prefetch * cfg.attn_block,
+        s.out_count, eps, k_next, v_next, cfg.kv_prefetch * cfg.attn_block, *ws, *w_bytes,
         n_slots, n_splits, dim, 1.0 / math.sqrt(head_dim), *k_layer.stride()[:3], *v_layer.stride()[:3],
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
         KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, FIRST=cfg.pdl_attn, PREFETCH=prefetch,
-        LANES=32 * cfg.attn_warps, num_warps=cfg.attn_warps,
+        WPREFETCH=w_prefetch, LANES=32 * cfg.attn_warps, num_warps=cfg.attn_warps,
         **_launch(cfg, s.q.device, "after"),
     )  # fmt: skip

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first kv_prefetch gemm_stages attn_stages row_groups group_rows "
-    "attn_stream".split()
+    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first kv_prefetch w_prefetch gemm_stages attn_stages row_groups "
+    "group_rows attn_stream".split()
 )
 
 
@@ -75,6 +75,10 @@ class MmaConfig:
     # next step's first): the next attention reads them from L2 while memory would sit idle during the GEMMs
     # between the two. 0: none. No effect on results
     kv_prefetch: int = 0
+    # each attention program starts by prefetching into L2 its share of the weights the GEMMs after it read (this
+    # layer's W1, W2, the next layer's W_qkv, W_o; the first row group's attention only): those GEMMs then wait
+    # on L2, not memory (151 MB of weights a step miss a 50 MB L2). No effect on results
+    w_prefetch: bool = False
     # the rows in up to row_groups groups of whole row blocks, each group's kernels on a CUDA stream of its
     # own (forked and joined inside the step), the groups' attentions taking turns (layer by layer, group by
     # group): one group's GEMM chain (latency-bound) runs beside another's attention (bandwidth-bound). A

@@ -334,8 +334,11 @@ def step_groups(
                 qkv_stage(s, x_in[g], prev, layer, k, v, rows, weights.eps, cfg)
             nxt = (i + 1) % len(weights.layers)  # the last layer's attention prefetches the next step's first
             kv_next = (k_cache[nxt, lo:hi], v_cache[nxt, lo:hi]) if cfg.kv_prefetch else None
+            after = weights.layers[nxt]  # the GEMMs after this attention: W1, W2 here, W_qkv and W_o next
+            w_next = (layer.ffn1_weight, layer.ffn2_weight, after.qkv_weight, after.out_weight)
+            w_next = w_next if g == 0 and cfg.w_prefetch else None  # once a layer
             with streams.attention(g):
-                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg, kv_next)
+                attention_stage(s, layer, k, v, rows, n_slots, weights.eps, cfg, kv_next, w_next)
             with streams.gemms(g):
                 out_proj_stage(s, layer, weights.eps, cfg)
                 ffn1_stage(s, layer, weights.eps, cfg)

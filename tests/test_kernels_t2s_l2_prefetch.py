@@ -1,7 +1,7 @@
-"""MmaConfig.kv_prefetch: what each attention program of the many-row stack prefetches of the next layer's
-K/V into L2 (`_prefetch_targets`, run in Triton's interpreter: the prefetch instruction itself is inline
-PTX, compiled by `compile_sm90.py` and timed and checked bitwise on a GPU by the GPU tests), and the config's
-and stage's refusals.
+"""MmaConfig.kv_prefetch / w_prefetch: what each attention program of the many-row stack prefetches into L2 of
+the next layer's K/V (`kv_targets`) and of the next GEMMs' weights (`weight_targets`), run in Triton's
+interpreter (the prefetch instruction itself is inline PTX: `compile_sm90.py` compiles it, the GPU tests hold
+the stack to the table's bits with it), and the config's and stage's refusals.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ triton = pytest.importorskip(
     "triton", reason="triton is not installed (pip install triton): the prefetch is untested"
 )
 tl = pytest.importorskip("triton.language")
-attention = pytest.importorskip("voicehub.runtime.kernels.t2s_layer_mma_attention_triton")
-_prefetch_targets = attention._prefetch_targets
+l2 = pytest.importorskip("voicehub.runtime.kernels.t2s_l2_prefetch_triton")
+kv_targets, weight_targets = l2.kv_targets, l2.weight_targets
 
 N_ROWS, N_HEAD, MAX_SLOTS, HEAD_DIM = 3, 2, 96, 4
 BLOCK_S, TILES = 16, 2  # a program covers 32 slots: 3 splits of the 96-slot cache
@@ -29,10 +29,23 @@ def _probe(kn_ptr, vn_ptr, len_ptr, first_ptr, bytes_ptr, on_ptr, n_slots, pf_sl
            BLOCK_S: tl.constexpr, TILES: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
     # per program and lane: the value stored at the prefetch's first element (its id), its bytes, on
     split, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    ptrs, nbytes, on = _prefetch_targets(kn_ptr, vn_ptr, len_ptr, b, h, split, n_slots, pf_slots, skb, skh, sks,
-                                         svb, svh, svs, BLOCK_S, TILES, LANES)  # fmt: skip
+    ptrs, nbytes, on = kv_targets(kn_ptr, vn_ptr, len_ptr, b, h, split, n_slots, pf_slots, skb, skh, sks, svb, svh,
+                                  svs, BLOCK_S, TILES, LANES)  # fmt: skip
     lane = tl.arange(0, LANES)
     at = ((b * tl.num_programs(1) + h) * tl.num_programs(0) + split) * LANES + lane
+    tl.store(first_ptr + at, tl.load(ptrs, mask=on, other=-1.0))
+    tl.store(bytes_ptr + at, nbytes)
+    tl.store(on_ptr + at, on.to(tl.int32))
+
+
+@triton.jit
+def _weights_probe(
+    w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, first_ptr, bytes_ptr, on_ptr, LANES: tl.constexpr
+):
+    # per program and lane: the value at the prefetch's first element (its index in its tensor), its bytes, on
+    pid, n_prog = tl.program_id(0), tl.num_programs(0)
+    ptrs, nbytes, on = weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, pid, n_prog, LANES)
+    at = pid * LANES + tl.arange(0, LANES)
     tl.store(first_ptr + at, tl.load(ptrs, mask=on, other=-1.0))
     tl.store(bytes_ptr + at, nbytes)
     tl.store(on_ptr + at, on.to(tl.int32))
@@ -76,16 +89,43 @@ def test_each_program_prefetches_its_span_of_the_next_layer_below_the_length(n_s
     assert (first[on == 0] == -1.0).all()  # an off lane reads nothing
 
 
+@pytest.mark.parametrize("n_prog", [1, 5, 64, 300])
+def test_the_programs_prefetch_every_weight_byte_once(n_prog):
+    # four tensors (fp32 ids 0..n-1) of 4,096 / 1,000 / 12 / 4 elements: shares of 16-byte multiples, the programs
+    # past the end off; lanes 4+ always off
+    lanes = 8
+    weights = [torch.arange(n, dtype=torch.float32) for n in (4096, 1000, 12, 4)]
+    sizes = [w.numel() * 4 for w in weights]
+    first = torch.full((n_prog, lanes), -2.0)
+    nbytes, on = torch.zeros(n_prog, lanes, dtype=torch.int32), torch.zeros(n_prog, lanes, dtype=torch.int32)
+    _weights_probe[(n_prog,)](*weights, *sizes, first, nbytes, on, LANES=lanes)
+    assert not on[:, 4:].any()
+    for r, w in enumerate(weights):
+        covered = []
+        for p in range(n_prog):
+            if on[p, r]:
+                size = int(nbytes[p, r])
+                assert size > 0 and size % 16 == 0
+                start = int(first[p, r])
+                covered += range(start, start + size // 4)
+        assert covered == list(range(w.numel())), r
+    assert (first[on == 0] == -1.0).all()
+
+
 def test_kv_prefetch_counts_tiles_and_is_result_free():
-    assert "kv_prefetch" in RESULT_FREE
+    assert {"kv_prefetch", "w_prefetch"} <= RESULT_FREE
     assert MmaConfig(kv_prefetch=3).kv_prefetch == 3  # any count, not only powers of two
     with pytest.raises(ValueError, match="kv_prefetch counts tiles"):
         MmaConfig(kv_prefetch=-1)
 
 
 def test_no_prefetch_without_a_next_layer_or_off_the_gpu():
+    w = torch.zeros(64, 32)
+    assert not l2.weights_prefetched(MmaConfig(), (w,) * 4)
+    assert not l2.weights_prefetched(MmaConfig(w_prefetch=True), None)
+    assert not l2.weights_prefetched(MmaConfig(w_prefetch=True), (w,) * 4)  # the interpreter: none
     k = torch.zeros(2, 16, 64, 32)
     cfg = MmaConfig(kv_prefetch=2, attn_block=128, attn_tiles=8, attn_warps=2)
-    assert not attention.prefetches(MmaConfig(), k, (k, k))
-    assert not attention.prefetches(cfg, k, None)
-    assert not attention.prefetches(cfg, k, (k, k))  # Triton's interpreter: no L2, no inline PTX
+    assert not l2.kv_prefetched(MmaConfig(), k, (k, k))
+    assert not l2.kv_prefetched(cfg, k, None)
+    assert not l2.kv_prefetched(cfg, k, (k, k))  # Triton's interpreter: no L2, no inline PTX
