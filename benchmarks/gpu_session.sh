@@ -122,18 +122,22 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     gemmsplits) step gemm-splits 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 --variants \
         "chain;chain ffn2_splits=1;chain ffn2_splits=2;chain ffn2_splits=8;chain qkv_splits=1;chain ffn1_splits=1;chain ffn1_splits=4;chain prenorm=False attn_out=False" \
         --out "$OUT/t2s_rows_probe_splits${SUFFIX:-}.json" ;;
+    # session 36: the RESULT_FREE fields built in sessions 35-36 (pdl_attn, kv_prefetch, w_prefetch) bitwise the
+    # table's at 1, 20 and 64 rows (run before rowsab's engine adopts one; ~2 min)
+    l2tests) step l2-tests 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma_gpu.py \
+        -k "result_free and (prefetch or pdl_attn)" ;;
     # session 36: the step's open candidates at 64 rows (ROWS_VARIANTS, default ROWS_AB above), then the engine
     # at 64 streams with the table and with the probe's fastest RESULT_FREE and results-changing variants, each
-    # only if >1% under the table's chain in the probe (t2s_rows_pick.py); SUFFIX names the files (~8-9 min)
-    rowsab) step rows-ab-probe 270 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
+    # only if >1% under the table's chain in the probe (t2s_rows_pick.py); SUFFIX names the files (at most ~9.5 min)
+    rowsab) step rows-ab-probe 240 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 \
         --variants "${ROWS_VARIANTS:-$ROWS_AB}" --out "$OUT/t2s_rows_probe_ab${SUFFIX:-}.json"
-      step engine-table 130 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64 --reps 3 \
+      step engine-table 110 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64 --reps 3 \
         --no-sync-count --out "$OUT/t2s_batch_triton${SUFFIX:-}_table.json"
       for kind in free changing; do
         change=$(python3 benchmarks/t2s_rows_pick.py "$OUT/t2s_rows_probe_ab${SUFFIX:-}.json" --log "$LOG" \
           --kind $kind 2>>"$LOG")
         echo "== pick $kind: '${change}'" | tee -a "$LOG"
-        [ -n "$change" ] && step "engine-$kind" 130 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64 \
+        [ -n "$change" ] && step "engine-$kind" 110 python3 benchmarks/t2s_batch_bench.py --kernels triton --levels 64 \
           --reps 3 --no-sync-count --mma-change "$change" --out "$OUT/t2s_batch_triton${SUFFIX:-}_$kind.json"
       done ;;
     # session 12: the many-row stack at 64 rows as one chain, PDL on/off, attn_out on/off (PROBE_GROUPS=2,4: row
