@@ -9,7 +9,10 @@ memory sits nearly idle half the layer and each GEMM waits on memory's latency, 
   layer's K/V (`kv_targets`), which that layer's attention then reads from L2;
 - MmaConfig.w_prefetch: each attention program starts by prefetching its share of the weights the next
   GEMMs read (this layer's FFN, the next layer's QKV and out-projection: `weight_targets`).
-Each lane (thread) issues at most one prefetch. Triton's interpreter has neither L2 nor inline PTX: on the
+Earlier forms lost (benchmarks/results/README.md, H100): a side-stream kernel of per-line `prefetch.global.L2`
+for the next layer's K/V (+5% a step) or the next weights (+1.2-1.5%). These issue one bulk instruction per
+8 KB tile or weight share from the attention's own programs, no extra kernel; each lane (thread) issues at
+most one prefetch. Triton's interpreter has neither L2 nor inline PTX: on the
 CPU nothing is prefetched (`kv_prefetched`, `weights_prefetched`), and the tests check the targets.
 """
 
