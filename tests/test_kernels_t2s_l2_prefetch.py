@@ -6,6 +6,7 @@ the stack to the table's bits with it), and the config's and stage's refusals.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -42,10 +43,11 @@ def _probe(kn_ptr, vn_ptr, len_ptr, first_ptr, bytes_ptr, on_ptr, n_slots, pf_sl
 def _weights_probe(
     w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, first_ptr, bytes_ptr, on_ptr, LANES: tl.constexpr
 ):
-    # per program and lane: the value at the prefetch's first element (its index in its tensor), its bytes, on
-    pid, n_prog = tl.program_id(0), tl.num_programs(0)
-    ptrs, nbytes, on = weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, pid, n_prog, LANES)
-    at = pid * LANES + tl.arange(0, LANES)
+    # per program of a (split, head, row) grid as the attention's, and lane: the value at the prefetch's first
+    # element (its index in its tensor), its bytes, on
+    split, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ptrs, nbytes, on = weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, split, h, b, LANES)
+    at = ((b * tl.num_programs(1) + h) * tl.num_programs(0) + split) * LANES + tl.arange(0, LANES)
     tl.store(first_ptr + at, tl.load(ptrs, mask=on, other=-1.0))
     tl.store(bytes_ptr + at, nbytes)
     tl.store(on_ptr + at, on.to(tl.int32))
@@ -60,7 +62,7 @@ def ids(kind: int) -> torch.Tensor:
     return cache
 
 
-@pytest.mark.parametrize(("n_slots", "pf_slots"), [(96, 96), (96, 16), (64, 40), (96, 0)])
+@pytest.mark.parametrize(("n_slots", "pf_slots"), [(96, 96), (96, 16), (64, 40), (40, 96), (96, 0)])
 def test_each_program_prefetches_its_span_of_the_next_layer_below_the_length(n_slots, pf_slots):
     # lengths: empty, inside the first tile, past the second split's start; every (row, head) must prefetch K and
     # V of exactly the slots [0, min(length + 1, n_slots, pf_slots)), each slot once, in whole-tile runs
@@ -89,16 +91,16 @@ def test_each_program_prefetches_its_span_of_the_next_layer_below_the_length(n_s
     assert (first[on == 0] == -1.0).all()  # an off lane reads nothing
 
 
-@pytest.mark.parametrize("n_prog", [1, 5, 64, 300])
-def test_the_programs_prefetch_every_weight_byte_once(n_prog):
-    # four tensors (fp32 ids 0..n-1) of 4,096 / 1,000 / 12 / 4 elements: shares of 16-byte multiples, the programs
-    # past the end off; lanes 4+ always off
-    lanes = 8
+@pytest.mark.parametrize("grid", [(1, 1, 1), (5, 1, 1), (1, 2, 3), (3, 4, 25)])
+def test_the_programs_prefetch_every_weight_byte_once(grid):
+    # four tensors (fp32 ids 0..n-1) of 4,096 / 1,000 / 12 / 4 elements over the programs of a (split, head, row)
+    # grid: shares of 16-byte multiples, the programs past the end off; lanes 4+ always off
+    lanes, n_prog = 8, grid[0] * grid[1] * grid[2]
     weights = [torch.arange(n, dtype=torch.float32) for n in (4096, 1000, 12, 4)]
     sizes = [w.numel() * 4 for w in weights]
     first = torch.full((n_prog, lanes), -2.0)
     nbytes, on = torch.zeros(n_prog, lanes, dtype=torch.int32), torch.zeros(n_prog, lanes, dtype=torch.int32)
-    _weights_probe[(n_prog,)](*weights, *sizes, first, nbytes, on, LANES=lanes)
+    _weights_probe[grid](*weights, *sizes, first, nbytes, on, LANES=lanes)
     assert not on[:, 4:].any()
     for r, w in enumerate(weights):
         covered = []
@@ -121,11 +123,47 @@ def test_kv_prefetch_counts_tiles_and_is_result_free():
 
 def test_no_prefetch_without_a_next_layer_or_off_the_gpu():
     w = torch.zeros(64, 32)
-    assert not l2.weights_prefetched(MmaConfig(), (w,) * 4)
-    assert not l2.weights_prefetched(MmaConfig(w_prefetch=True), None)
-    assert not l2.weights_prefetched(MmaConfig(w_prefetch=True), (w,) * 4)  # the interpreter: none
+    assert not l2.weights_prefetched(MmaConfig(), (w,) * 4, 16)
+    assert not l2.weights_prefetched(MmaConfig(w_prefetch=True), None, 16)
+    assert not l2.weights_prefetched(MmaConfig(w_prefetch=True), (w,) * 4, 16)  # the interpreter: none
     k = torch.zeros(2, 16, 64, 32)
     cfg = MmaConfig(kv_prefetch=2, attn_block=128, attn_tiles=8, attn_warps=2)
-    assert not l2.kv_prefetched(MmaConfig(), k, (k, k))
-    assert not l2.kv_prefetched(cfg, k, None)
-    assert not l2.kv_prefetched(cfg, k, (k, k))  # Triton's interpreter: no L2, no inline PTX
+    assert not l2.kv_prefetched(MmaConfig(), (k, k), (k, k))
+    assert not l2.kv_prefetched(cfg, (k, k), None)
+    assert not l2.kv_prefetched(cfg, (k, k), (k, k))  # Triton's interpreter: no L2, no inline PTX
+    l2.check_device(cfg, torch.device("cpu"))  # nothing to refuse off the GPU
+
+
+def test_a_prefetch_the_gpu_or_the_instruction_cannot_take_raises(monkeypatch):
+    # a GPU before sm_90 (checked before any kernel launches), a next layer's cache of another shape or layout,
+    # tiles over one bulk prefetch's 1 MiB - 16 bytes, too few lanes, a weight share over it, odd weight sizes
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    with pytest.raises(
+        ValueError, match="kv_prefetch and MmaConfig.w_prefetch|kv_prefetch and w_prefetch need sm_90"
+    ):
+        l2.check_device(MmaConfig(kv_prefetch=1, w_prefetch=True), torch.device("cuda"))
+    l2.check_device(MmaConfig(), torch.device("cuda"))  # nothing asked: nothing refused
+    k = torch.zeros(2, 16, 64, 32, dtype=torch.float16)
+    cfg = MmaConfig(kv_prefetch=2, attn_block=128, attn_tiles=8, attn_warps=2)
+    l2._check_kv(cfg, (k, k), (k.clone(), k.clone()))
+    wider = torch.zeros(2, 16, 128, 32, dtype=torch.float16)[
+        :, :, :64
+    ]  # k's shape, slots as runs, other strides
+    others = (
+        torch.zeros(3, 16, 64, 32, dtype=torch.float16),
+        k.transpose(1, 2).contiguous().transpose(1, 2),
+        wider,
+    )
+    for other in others:
+        with pytest.raises(ValueError, match="shaped and laid out"):
+            l2._check_kv(cfg, (k, k), (k, other))
+    with pytest.raises(ValueError, match="too few or the tiles too large"):
+        l2._check_kv(MmaConfig(kv_prefetch=1, attn_block=1 << 15), (k, k), (k, k))
+    with pytest.raises(ValueError, match="too few or the tiles too large"):
+        l2._check_kv(dataclasses.replace(cfg, attn_warps=1, attn_tiles=32), (k, k), (k, k))
+    w = torch.zeros(1024, 512, dtype=torch.float16)  # 1 MiB
+    l2._check_weights((w,) * 4, 2)
+    with pytest.raises(ValueError, match="over 1048560 a bulk prefetch"):
+        l2._check_weights((w,) * 4, 1)
+    with pytest.raises(ValueError, match="16-byte units"):
+        l2._check_weights((w, w, w, torch.zeros(3, dtype=torch.float16)), 16)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from voicehub.runtime.kernels.t2s_layer_mma_config import MmaConfig
 
 N_WEIGHTS = 4  # ranges of weights_prefetched: W1, W2 of this layer, W_qkv, W_o of the next
+# one bulk prefetch's most bytes: ptxas takes sizes in [0, 1048560] (its SASS keeps 16 bits of size / 16)
+MAX_BYTES = (1 << 20) - 16
 
 
 @triton.jit
@@ -61,9 +63,12 @@ def kv_targets(
 
 
 @triton.jit
-def weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, pid, n_prog, LANES: tl.constexpr):
-    # MmaConfig.w_prefetch: lane r < 4 of program pid (of n_prog) prefetches its share of weight range r (n_r
-    # bytes, a multiple of 16): shares of equal 16-byte multiples, the last ones shorter or empty (off)
+def weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, split, h, b, LANES: tl.constexpr):
+    # MmaConfig.w_prefetch: lane r < 4 of the program of (split, h, b) prefetches its share of weight range r
+    # (n_r bytes, a multiple of 16): the grid's programs in (b, h, split) order take shares of equal 16-byte
+    # multiples (at most MAX_BYTES: `weights_prefetched`), the last ones shorter or empty (off)
+    pid = (b * tl.num_programs(1) + h) * tl.num_programs(0) + split
+    n_prog = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
     lane = tl.arange(0, LANES)
     nbytes = tl.where(lane == 0, n1, tl.where(lane == 1, n2, tl.where(lane == 2, n3, n4)))
     share = tl.cdiv(tl.cdiv(nbytes, n_prog), 16) * 16
@@ -74,39 +79,59 @@ def weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, pid, n_prog, 
     return at + elems, size, (lane < 4) & (size > 0)
 
 
-def kv_prefetched(cfg: MmaConfig, k_layer: torch.Tensor, kv_next: tuple | None) -> bool:
-    """Whether the attention prefetches the next layer's K/V (cfg.kv_prefetch, a next layer given, a CUDA
-    cache). ValueError where it cannot: a GPU before sm_90 (no bulk prefetch), a tile's slots not one
-    contiguous run of whole 16-byte units, too few lanes."""
-    if not (cfg.kv_prefetch and kv_next is not None and k_layer.is_cuda):
+def check_device(cfg: MmaConfig, device: torch.device) -> None:
+    """Before a step launches anything: ValueError where cfg asks for an L2 prefetch on a CUDA GPU before
+    sm_90 (no bulk prefetch). Off the GPU (Triton's interpreter: no L2, no inline PTX) none is issued."""
+    asked = [name for name in ("kv_prefetch", "w_prefetch") if getattr(cfg, name)]
+    if asked and device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
+        raise ValueError(f"MmaConfig.{' and '.join(asked)} need sm_90+ (cp.async.bulk.prefetch.L2): turn them off"
+                         " on this GPU")  # fmt: skip
+
+
+def kv_prefetched(cfg: MmaConfig, kv: tuple[torch.Tensor, torch.Tensor], kv_next: tuple | None) -> bool:
+    """Whether the attention over caches kv (K, V) prefetches the next layer's, kv_next (cfg.kv_prefetch, a next
+    layer given, CUDA caches; `check_device` first). ValueError where it cannot: kv_next not of kv's shapes and
+    strides, a tile's slots not one contiguous run of whole 16-byte units (16-byte aligned), too few lanes."""
+    if not (cfg.kv_prefetch and kv_next is not None and kv[0].is_cuda):
         return False
-    _needs_sm90(k_layer.device, "kv_prefetch")
-    head_dim = k_layer.shape[-1]
-    for t in (k_layer, *kv_next):
-        runs = t.stride(-1) == 1 and t.stride(-2) == head_dim and head_dim * t.element_size() % 16 == 0
-        if not runs or t.stride() != k_layer.stride():
-            raise ValueError(f"MmaConfig.kv_prefetch needs caches of one layout whose slots are contiguous runs of"
-                             f" 16-byte units; got strides {t.stride()} for head dim {k_layer.shape[-1]}")  # fmt: skip
-    if 2 * cfg.attn_tiles > 32 * cfg.attn_warps:
-        raise ValueError(f"MmaConfig.kv_prefetch: a program prefetches K and V of {cfg.attn_tiles} tiles, one a "
-                         f"thread; {cfg.attn_warps} warps are too few")  # fmt: skip
+    _check_kv(cfg, kv, kv_next)
     return True
 
 
-def weights_prefetched(cfg: MmaConfig, w_next: tuple | None) -> bool:
-    """Whether the attention prefetches w_next (cfg.w_prefetch, N_WEIGHTS CUDA tensors given). ValueError
-    where it cannot: a GPU before sm_90, a tensor not one contiguous run of whole 16-byte units, mixed dtypes."""
+def weights_prefetched(cfg: MmaConfig, w_next: tuple | None, n_prog: int) -> bool:
+    """Whether the n_prog programs of an attention prefetch w_next (cfg.w_prefetch, N_WEIGHTS CUDA tensors
+    given; `check_device` first). ValueError where they cannot: a tensor not one contiguous 16-byte-aligned
+    run of whole 16-byte units, mixed dtypes, a program's share over MAX_BYTES."""
     if not (cfg.w_prefetch and w_next is not None and w_next[0].is_cuda):
         return False
-    _needs_sm90(w_next[0].device, "w_prefetch")
+    _check_weights(w_next, n_prog)
+    return True
+
+
+def _check_kv(cfg: MmaConfig, kv: tuple, kv_next: tuple) -> None:
+    head_dim = kv[0].shape[-1]
+    for t, like in zip((*kv, *kv_next), (*kv, *kv)):
+        runs = t.stride(-1) == 1 and t.stride(-2) == head_dim and head_dim * t.element_size() % 16 == 0
+        if not runs or t.data_ptr() % 16 or t.shape != like.shape or t.stride() != like.stride():
+            raise ValueError(f"MmaConfig.kv_prefetch needs the next layer's caches shaped and laid out as this one's"
+                             f" {tuple(like.shape)}, slots as contiguous 16-byte-aligned runs of 16-byte units; got"
+                             f" {tuple(t.shape)}, strides {t.stride()}")  # fmt: skip
+    if (
+        2 * cfg.attn_tiles > 32 * cfg.attn_warps
+        or cfg.attn_block * head_dim * kv[0].element_size() > MAX_BYTES
+    ):
+        raise ValueError(f"MmaConfig.kv_prefetch: a program prefetches K and V of {cfg.attn_tiles} tiles of "
+                         f"{cfg.attn_block} slots, a tile a thread, at most {MAX_BYTES} bytes each; "
+                         f"{cfg.attn_warps} warps are too few or the tiles too large")  # fmt: skip
+
+
+def _check_weights(w_next: tuple, n_prog: int) -> None:
     for w in w_next:
-        whole = w.is_contiguous() and w.data_ptr() % 16 == 0 and w.numel() * w.element_size() % 16 == 0
+        nbytes = w.numel() * w.element_size()
+        whole = w.is_contiguous() and w.data_ptr() % 16 == 0 and nbytes % 16 == 0
         if not whole or w.dtype != w_next[0].dtype or len(w_next) != N_WEIGHTS:
             raise ValueError(f"MmaConfig.w_prefetch needs {N_WEIGHTS} contiguous {w_next[0].dtype} tensors of whole "
                              f"16-byte units; got {tuple(w.shape)} {w.dtype}")  # fmt: skip
-    return True
-
-
-def _needs_sm90(device: torch.device, field: str) -> None:
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        raise ValueError(f"MmaConfig.{field} needs sm_90+ (cp.async.bulk.prefetch.L2): turn it off here")
+        if -(-nbytes // n_prog) > MAX_BYTES:
+            raise ValueError(f"MmaConfig.w_prefetch: {nbytes} bytes over {n_prog} programs is over {MAX_BYTES} a "
+                             "bulk prefetch; turn it off for so few programs")  # fmt: skip

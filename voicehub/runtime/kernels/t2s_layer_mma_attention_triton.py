@@ -158,9 +158,8 @@ def _attention_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     if WPREFETCH:  # weights, which no kernel writes: before the wait
-        n_prog = tl.num_programs(0) * N_HEAD * tl.num_programs(2)
         ptrs, nbytes, on = weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, w1_bytes, w2_bytes, w3_bytes, w4_bytes,
-                                          (b * N_HEAD + h) * tl.num_programs(0) + split, n_prog, LANES)  # fmt: skip
+                                          split, h, b, LANES)  # fmt: skip
         prefetch_l2(ptrs, nbytes, on)
     if FIRST:
         k0, v0 = _first_tile(k_ptr, v_ptr, len_ptr, b, h, split, n_slots, skb, skh, sks, svb, svh, svs, DH,
@@ -266,7 +265,8 @@ def attention_stage(
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
     block_d = triton.next_power_of_2(dim)
-    prefetch, w_prefetch = kv_prefetched(cfg, k_layer, kv_next), weights_prefetched(cfg, w_next)
+    prefetch = kv_prefetched(cfg, (k_layer, v_layer), kv_next)
+    w_prefetch = weights_prefetched(cfg, w_next, n_splits * n_head * n_rows)
     k_next, v_next = kv_next if prefetch else (k_layer, v_layer)  # unread without the prefetch
     ws = w_next if w_prefetch else (layer.out_weight,) * 4  # unread without the prefetch
     w_bytes = [w.numel() * w.element_size() for w in ws]

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_ffn_fused_triton import ffn_fused_stage
 from voicehub.runtime.kernels.t2s_ffn_ticket_triton import ffn_ticket_stage
+from voicehub.runtime.kernels.t2s_l2_prefetch_triton import check_device
 from voicehub.runtime.kernels.t2s_layer import (
     EmbedWeights,
     LayerWeights,
@@ -325,6 +326,7 @@ def step_groups(
     """Every layer and the head into logits [B, V] over row groups (`row_spans`, a scratch each), each
     group's kernels on the streams `GroupStreams` gives it (the attentions in (layer, group) order, beside
     the other groups' GEMMs). On the CPU the groups run one after another."""
+    check_device(cfg, x.device)  # an L2 prefetch the GPU cannot run raises before any kernel launches
     streams = GroupStreams(x, len(spans), cfg)
     x_in, prev = [x[lo:hi] for lo, hi in spans], None
     for i, layer in enumerate(weights.layers):
