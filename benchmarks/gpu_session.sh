@@ -26,10 +26,11 @@ v3full() {  # the full-size random GPT-SoVITS v3 set under /tmp/v3full, made onc
   step make-v3full 90 python3 -m voicehub.cli make-checkpoint gpt-sovits-v3 --size full --out /tmp/v3full --margin-tokens 0 \
     && touch /tmp/v3full/.complete
 }
-# rowsab's variants: PDL on the qkv -> attention edge, the next layer's K/V (1-3 tiles, all) and the next GEMMs'
-# weights prefetched into L2, the attention's tiles, split-K counts, one row group
+# rowsab's variants: PDL on the qkv -> attention edge, the next layer's K/V (1-3 tiles, all), the program's own
+# and the next GEMMs' weights prefetched into L2, the attention's tiles, split-K counts, one row group
 ROWS_AB="chain;chain pdl_attn=True;chain kv_prefetch=1;chain kv_prefetch=2;chain kv_prefetch=3;chain kv_prefetch=8"
-ROWS_AB+=";chain w_prefetch=True;chain kv_prefetch=2 w_prefetch=True;chain pdl_attn=True kv_prefetch=2 w_prefetch=True"
+ROWS_AB+=";chain kv_prefetch_own=True;chain w_prefetch=True;chain kv_prefetch=2 w_prefetch=True"
+ROWS_AB+=";chain kv_prefetch_own=True kv_prefetch=2 w_prefetch=True;chain pdl_attn=True kv_prefetch=2 w_prefetch=True"
 ROWS_AB+=";chain row_groups=1 kv_prefetch=2 w_prefetch=True;chain attn_tiles=4;chain attn_tiles=2"
 ROWS_AB+=";chain ffn2_splits=8;chain ffn2_splits=2;chain qkv_splits=1;chain ffn1_splits=4;chain row_groups=1"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"

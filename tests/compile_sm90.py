@@ -103,8 +103,8 @@ def main() -> None:
     cfg = mma.config_for(DIM, FFN_DIM, N_HEAD, VOCAB)
     gemm = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_D=DIM, IEEE=False, PDL=0)
     # the table's tile loop, a pipelined one, the first tile loaded before the wait (pdl_attn: PDL 4, the
-    # qkv kernel before it 3), and the L2 prefetches of the next layer's K/V and the next GEMMs' weights
-    # (kv_prefetch and w_prefetch: one bulk prefetch each in its PTX, which ptxas must take)
+    # qkv kernel before it 3), and the L2 prefetches of the next layer's K/V, the program's own and the next GEMMs'
+    # weights (kv_prefetch, kv_prefetch_own, w_prefetch: one bulk prefetch each in its PTX, which ptxas must take)
     paths = {(cfg.attn_stages, False, False), (2, False, False), (cfg.attn_stages, True, False),
              (cfg.attn_stages, False, True)}  # fmt: skip
     for attn_stages, first, prefetch in sorted(paths):
@@ -113,8 +113,8 @@ def main() -> None:
                                 TILES=cfg.attn_tiles, SPLITS=1, PDL=4 if first else 0, OUT=cfg.attn_out,
                                 BLOCK_D=DIM, BLOCK_O=attention.ATTN_OUT_BLOCK, KV_POLICY=attention.kv_policy(cfg),
                                 STAGES=attn_stages, FIRST=first, PREFETCH=prefetch, WPREFETCH=prefetch,
-                                LANES=32 * cfg.attn_warps), cfg.attn_warps, 3)  # fmt: skip
-        if ptx.count("cp.async.bulk.prefetch.L2.global") != 2 * prefetch:
+                                OWN=prefetch, LANES=32 * cfg.attn_warps), cfg.attn_warps, 3)  # fmt: skip
+        if ptx.count("cp.async.bulk.prefetch.L2.global") != 3 * prefetch:
             raise AssertionError(
                 f"the attention's PTX {'lacks' if prefetch else 'holds'} the L2 bulk prefetches"
             )

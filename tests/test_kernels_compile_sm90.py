@@ -35,7 +35,7 @@ def test_step_kernels_compile_for_sm90_without_a_gpu():
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
     # many rows: three qkv (layer 0's, a later layer's, that one letting a pdl_attn attention launch), four
-    # attentions (the tile loop plain, pipelined, pdl_attn's, kv_prefetch and w_prefetch's), ffn1, ffn2 (PDL off, early, late),
+    # attentions (the tile loop plain, pipelined, pdl_attn's, the L2 prefetches'), ffn1, ffn2 (PDL off, early, late),
     # head, the ticketed FFN, and six GEMM kernels (two qkv, ffn2 PDL off) again at each other pipelining depth
     # of the bucket changes, the embedding; one row: three qkv, ffn, head, attention; the noise, the sampler
     entry = config_for(*V3)

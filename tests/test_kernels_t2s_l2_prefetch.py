@@ -115,7 +115,7 @@ def test_the_programs_prefetch_every_weight_byte_once(grid):
 
 
 def test_kv_prefetch_counts_tiles_and_is_result_free():
-    assert {"kv_prefetch", "w_prefetch"} <= RESULT_FREE
+    assert {"kv_prefetch", "kv_prefetch_own", "w_prefetch"} <= RESULT_FREE
     assert MmaConfig(kv_prefetch=3).kv_prefetch == 3  # any count, not only powers of two
     with pytest.raises(ValueError, match="kv_prefetch counts tiles"):
         MmaConfig(kv_prefetch=-1)
@@ -131,6 +131,7 @@ def test_no_prefetch_without_a_next_layer_or_off_the_gpu():
     assert not l2.kv_prefetched(MmaConfig(), (k, k), (k, k))
     assert not l2.kv_prefetched(cfg, (k, k), None)
     assert not l2.kv_prefetched(cfg, (k, k), (k, k))  # Triton's interpreter: no L2, no inline PTX
+    assert not l2.kv_own_prefetched(dataclasses.replace(cfg, kv_prefetch_own=True), (k, k))
     l2.check_device(cfg, torch.device("cpu"))  # nothing to refuse off the GPU
 
 
@@ -142,10 +143,12 @@ def test_a_prefetch_the_gpu_or_the_instruction_cannot_take_raises(monkeypatch):
         ValueError, match="kv_prefetch and MmaConfig.w_prefetch|kv_prefetch and w_prefetch need sm_90"
     ):
         l2.check_device(MmaConfig(kv_prefetch=1, w_prefetch=True), torch.device("cuda"))
+    with pytest.raises(ValueError, match="kv_prefetch_own need sm_90"):
+        l2.check_device(MmaConfig(kv_prefetch_own=True), torch.device("cuda"))
     l2.check_device(MmaConfig(), torch.device("cuda"))  # nothing asked: nothing refused
     k = torch.zeros(2, 16, 64, 32, dtype=torch.float16)
     cfg = MmaConfig(kv_prefetch=2, attn_block=128, attn_tiles=8, attn_warps=2)
-    l2._check_kv(cfg, (k, k), (k.clone(), k.clone()))
+    l2._check_kv(cfg, (k, k), (k.clone(), k.clone()), "kv_prefetch")
     wider = torch.zeros(2, 16, 128, 32, dtype=torch.float16)[
         :, :, :64
     ]  # k's shape, slots as runs, other strides
@@ -156,11 +159,11 @@ def test_a_prefetch_the_gpu_or_the_instruction_cannot_take_raises(monkeypatch):
     )
     for other in others:
         with pytest.raises(ValueError, match="shaped and laid out"):
-            l2._check_kv(cfg, (k, k), (k, other))
+            l2._check_kv(cfg, (k, k), (k, other), "kv_prefetch")
     with pytest.raises(ValueError, match="too few or the tiles too large"):
-        l2._check_kv(MmaConfig(kv_prefetch=1, attn_block=1 << 15), (k, k), (k, k))
+        l2._check_kv(MmaConfig(kv_prefetch=1, attn_block=1 << 15), (k, k), (k, k), "kv_prefetch")
     with pytest.raises(ValueError, match="too few or the tiles too large"):
-        l2._check_kv(dataclasses.replace(cfg, attn_warps=1, attn_tiles=32), (k, k), (k, k))
+        l2._check_kv(dataclasses.replace(cfg, attn_warps=1, attn_tiles=32), (k, k), (k, k), "kv_prefetch_own")
     w = torch.zeros(1024, 512, dtype=torch.float16)  # 1 MiB
     l2._check_weights((w,) * 4, 2)
     with pytest.raises(ValueError, match="over 1048560 a bulk prefetch"):

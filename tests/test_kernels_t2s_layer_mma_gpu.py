@@ -73,7 +73,8 @@ def test_cuda_full_size_rows_stack_matches_the_definition_and_is_batch_invariant
 # the table's config with fields of RESULT_FREE changed: each must leave every bit as it was
 RESULT_FREE_CHANGES = [
     {"pdl": True}, {"pdl": True, "pdl_late": True}, {"pdl_attn": True}, {"ffn_tickets": True}, {"kv_evict_first": False},
-    {"kv_prefetch": 2}, {"kv_prefetch": 8}, {"w_prefetch": True}, {"kv_prefetch": 2, "w_prefetch": True, "pdl_attn": True},
+    {"kv_prefetch": 2}, {"kv_prefetch": 8}, {"kv_prefetch_own": True}, {"w_prefetch": True},
+    {"kv_prefetch": 2, "kv_prefetch_own": True, "w_prefetch": True, "pdl_attn": True},
     {"gemm_stages": 1}, {"gemm_stages": 3}, {"attn_stages": 2}, {"attn_stages": 3},
     {"row_groups": 1}, {"row_groups": 2, "group_rows": 1},
     {"row_groups": 4, "group_rows": 1}, {"row_groups": 2, "group_rows": 1, "attn_stream": True},
@@ -96,15 +97,19 @@ def test_result_free_changes_cover_exactly_the_result_free_fields():
 def test_cuda_full_size_result_free_flags_are_bitwise(n_rows, change):
     # the v3 table's config with a field that must not change a value changed: PDL (and launching the next
     # kernel after the wait, or on the qkv -> attention edge alone, the first K/V tile loaded before the
-    # wait; the next layer's K/V prefetched into L2, two tiles or all, the next GEMMs' weights, both with
-    # pdl_attn), ffn1 + ffn2 as one kernel of tickets
+    # wait; the next layer's K/V prefetched into L2, two tiles or all, the program's own, the next GEMMs' weights,
+    # all with pdl_attn), ffn1 + ffn2 as one kernel of tickets
     # (64 rows: four row blocks of ffn2 tiles waiting at once),
     # K/V's L2 policy, the GEMMs' K loops unpipelined or 3 deep, the attention's tile loop pipelined
     # (cp.async), the rows in one group or in groups of 16 / 32+ rows on parallel streams;
     # logits, k and v bitwise the table's, twice (the ticket counters reset)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    if {"kv_prefetch", "w_prefetch"} & change.keys() and torch.cuda.get_device_capability() < (9, 0):
+    if {
+        "kv_prefetch",
+        "kv_prefetch_own",
+        "w_prefetch",
+    } & change.keys() and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the L2 bulk prefetch needs sm_90+ (the stack refuses it before it launches)")
     mk = importlib.import_module(MODULE)
     base = mk.config_for(FULL["dim"], FULL["ffn_dim"], FULL["n_head"], FULL["vocab"])

@@ -79,26 +79,33 @@ def _engine(app):
 
 
 def test_two_concurrent_streams_each_equal_their_solo_run(server):
+    # every try: both streams equal their solo runs; the two must share a CFM call in one of three tries (when
+    # they overlap is the machine's scheduling: on a loaded CI core the short one once started after the long
+    # one's last CFM call)
     url, app, voice = server
     solo = [_speak(url, _body(r, voice)) for r in (LONG, SHORT)]
     engine = _engine(app)
-    n_batches = len(engine.recent_cfm_batches)
-    got: list = [None, None]
+    shared = False
+    for _ in range(3):
+        n_batches = len(engine.recent_cfm_batches)
+        got: list = [None, None]
 
-    def speak(i, request):
-        got[i] = _speak(url, _body(request, voice))
+        def speak(i, request, out=got):
+            out[i] = _speak(url, _body(request, voice))
 
-    threads = [threading.Thread(target=speak, args=(i, r)) for i, r in enumerate((LONG, SHORT))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
-    for audio, alone in zip(got, solo):
-        assert audio is not None and audio.shape == alone.shape
-        np.testing.assert_allclose(audio, alone, atol=1e-4)
-    batches = list(engine.recent_cfm_batches)[n_batches:]
-    assert any(len(b) == 2 for b in batches), "the two streams never shared a CFM call"
-    assert engine.is_idle
+        threads = [threading.Thread(target=speak, args=(i, r)) for i, r in enumerate((LONG, SHORT))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        for audio, alone in zip(got, solo):
+            assert audio is not None and audio.shape == alone.shape
+            np.testing.assert_allclose(audio, alone, atol=1e-4)
+        assert engine.is_idle
+        if any(len(b) == 2 for b in list(engine.recent_cfm_batches)[n_batches:]):
+            shared = True
+            break
+    assert shared, "the two streams never shared a CFM call in three tries"
 
 
 def test_a_client_that_leaves_frees_its_stream(server):

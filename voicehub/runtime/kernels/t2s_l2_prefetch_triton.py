@@ -7,6 +7,8 @@ attentions read ~6 MB of weights, every one a miss (151 MB of weights a step cyc
 memory sits nearly idle half the layer and each GEMM waits on memory's latency, not L2's.
 - MmaConfig.kv_prefetch: each attention program ends by prefetching its span's first tiles of the next
   layer's K/V (`kv_targets`), which that layer's attention then reads from L2;
+- MmaConfig.kv_prefetch_own: each attention program starts by prefetching its own span's K/V (`kv_targets`
+  over this layer), so its tile loop's later loads find them in L2;
 - MmaConfig.w_prefetch: each attention program starts by prefetching its share of the weights the next
   GEMMs read (this layer's FFN, the next layer's QKV and out-projection: `weight_targets`).
 Earlier forms lost (benchmarks/results/README.md, H100): a side-stream kernel of per-line `prefetch.global.L2`
@@ -82,7 +84,7 @@ def weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, n1, n2, n3, n4, split, h, b, 
 def check_device(cfg: MmaConfig, device: torch.device) -> None:
     """Before a step launches anything: ValueError where cfg asks for an L2 prefetch on a CUDA GPU before
     sm_90 (no bulk prefetch). Off the GPU (Triton's interpreter: no L2, no inline PTX) none is issued."""
-    asked = [name for name in ("kv_prefetch", "w_prefetch") if getattr(cfg, name)]
+    asked = [name for name in ("kv_prefetch", "kv_prefetch_own", "w_prefetch") if getattr(cfg, name)]
     if asked and device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
         raise ValueError(f"MmaConfig.{' and '.join(asked)} need sm_90+ (cp.async.bulk.prefetch.L2): turn them off"
                          " on this GPU")  # fmt: skip
@@ -94,7 +96,16 @@ def kv_prefetched(cfg: MmaConfig, kv: tuple[torch.Tensor, torch.Tensor], kv_next
     strides, a tile's slots not one contiguous run of whole 16-byte units (16-byte aligned), too few lanes."""
     if not (cfg.kv_prefetch and kv_next is not None and kv[0].is_cuda):
         return False
-    _check_kv(cfg, kv, kv_next)
+    _check_kv(cfg, kv, kv_next, "kv_prefetch")
+    return True
+
+
+def kv_own_prefetched(cfg: MmaConfig, kv: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """Whether the attention over CUDA caches kv (K, V) prefetches its own span first (cfg.kv_prefetch_own;
+    `check_device` first). ValueError where it cannot, as `kv_prefetched`."""
+    if not (cfg.kv_prefetch_own and kv[0].is_cuda):
+        return False
+    _check_kv(cfg, kv, kv, "kv_prefetch_own")
     return True
 
 
@@ -108,19 +119,19 @@ def weights_prefetched(cfg: MmaConfig, w_next: tuple | None, n_prog: int) -> boo
     return True
 
 
-def _check_kv(cfg: MmaConfig, kv: tuple, kv_next: tuple) -> None:
+def _check_kv(cfg: MmaConfig, kv: tuple, kv_next: tuple, field: str) -> None:
     head_dim = kv[0].shape[-1]
     for t, like in zip((*kv, *kv_next), (*kv, *kv)):
         runs = t.stride(-1) == 1 and t.stride(-2) == head_dim and head_dim * t.element_size() % 16 == 0
         if not runs or t.data_ptr() % 16 or t.shape != like.shape or t.stride() != like.stride():
-            raise ValueError(f"MmaConfig.kv_prefetch needs the next layer's caches shaped and laid out as this one's"
+            raise ValueError(f"MmaConfig.{field} needs the prefetched caches shaped and laid out as this layer's"
                              f" {tuple(like.shape)}, slots as contiguous 16-byte-aligned runs of 16-byte units; got"
                              f" {tuple(t.shape)}, strides {t.stride()}")  # fmt: skip
     if (
         2 * cfg.attn_tiles > 32 * cfg.attn_warps
         or cfg.attn_block * head_dim * kv[0].element_size() > MAX_BYTES
     ):
-        raise ValueError(f"MmaConfig.kv_prefetch: a program prefetches K and V of {cfg.attn_tiles} tiles of "
+        raise ValueError(f"MmaConfig.{field}: a program prefetches K and V of {cfg.attn_tiles} tiles of "
                          f"{cfg.attn_block} slots, a tile a thread, at most {MAX_BYTES} bytes each; "
                          f"{cfg.attn_warps} warps are too few or the tiles too large")  # fmt: skip
 

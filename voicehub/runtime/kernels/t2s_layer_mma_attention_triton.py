@@ -7,8 +7,9 @@ partials and no merge). The head's 32 values, rounded to the model dtype, go to 
 out-projection kernel, or, with MmaConfig.attn_out, through the head's share of the out-projection
 (W_o's 32 columns of the head, fp32, stored per head); the row's last head to arrive sums the 16 shares
 in head order and stores LN1(x_attn + rnd(out + b_o)) to x_ffn, where ffn1 (prenorm) reads it. A row's
-numbers depend only on that row: bitwise the same alone or in any batch. MmaConfig.kv_prefetch / w_prefetch:
-L2 prefetches of the next layer's K/V and the next GEMMs' weights (`t2s_l2_prefetch_triton`; no value changes).
+numbers depend only on that row: bitwise the same alone or in any batch. MmaConfig.kv_prefetch / kv_prefetch_own /
+w_prefetch: L2 prefetches of the next layer's K/V, the program's own, the next GEMMs' weights
+(`t2s_l2_prefetch_triton`; no value changes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_l2_prefetch_triton import (
+    kv_own_prefetched,
     kv_prefetched,
     kv_targets,
     prefetch_l2,
@@ -146,20 +148,25 @@ def _attention_kernel(
     N_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, DH: tl.constexpr, BLOCK_S: tl.constexpr,
     TILES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, OUT: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_O: tl.constexpr, KV_POLICY: tl.constexpr, STAGES: tl.constexpr, FIRST: tl.constexpr,
-    PREFETCH: tl.constexpr, WPREFETCH: tl.constexpr, LANES: tl.constexpr,
+    PREFETCH: tl.constexpr, WPREFETCH: tl.constexpr, OWN: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     # OUT (MmaConfig.attn_out): the head's output goes through its share of the out-projection
     # (`_head_out_proj`) instead of to attn; wo..rcount_ptr, eps are unread without it. FIRST
     # (MmaConfig.pdl_attn): the first tile's K/V loaded before the wait (`_first_tile`). PREFETCH
     # (MmaConfig.kv_prefetch): once its own tiles are read, the next layer's K/V below pf_slots into L2
     # (`kv_targets`; kn, vn, pf_slots unread without it). WPREFETCH (MmaConfig.w_prefetch): first, the program's
-    # share of the weights w1..w4 into L2 (`weight_targets`; unread without it)
+    # share of the weights w1..w4 into L2 (`weight_targets`; unread without it). OWN (MmaConfig.kv_prefetch_own):
+    # then its own span's K/V into L2
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     if WPREFETCH:  # weights, which no kernel writes: before the wait
         ptrs, nbytes, on = weight_targets(w1_ptr, w2_ptr, w3_ptr, w4_ptr, w1_bytes, w2_bytes, w3_bytes, w4_bytes,
                                           split, h, b, LANES)  # fmt: skip
+        prefetch_l2(ptrs, nbytes, on)
+    if OWN:  # its own span at once (earlier steps' slots; this step's, written by qkv, stays coherent in L2)
+        ptrs, nbytes, on = kv_targets(k_ptr, v_ptr, len_ptr, b, h, split, n_slots, n_slots, skb, skh, sks, svb, svh,
+                                      svs, BLOCK_S, TILES, LANES)  # fmt: skip
         prefetch_l2(ptrs, nbytes, on)
     if FIRST:
         k0, v0 = _first_tile(k_ptr, v_ptr, len_ptr, b, h, split, n_slots, skb, skh, sks, svb, svh, svs, DH,
@@ -278,6 +285,6 @@ def attention_stage(
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
         KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, FIRST=cfg.pdl_attn, PREFETCH=prefetch,
-        WPREFETCH=w_prefetch, LANES=32 * cfg.attn_warps, num_warps=cfg.attn_warps,
+        WPREFETCH=w_prefetch, OWN=kv_own_prefetched(cfg, (k_layer, v_layer)), LANES=32 * cfg.attn_warps, num_warps=cfg.attn_warps,
         **_launch(cfg, s.q.device, "after"),
     )  # fmt: skip

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 MIN_DOT = 16  # tl.dot's smallest tile side
 # the fields that change where and when kernels run but no value (the GPU tests hold them to bitwise equality)
 RESULT_FREE = frozenset(
-    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first kv_prefetch w_prefetch gemm_stages attn_stages row_groups "
-    "group_rows attn_stream".split()
+    "pdl pdl_late pdl_attn ffn_tickets kv_evict_first kv_prefetch kv_prefetch_own w_prefetch gemm_stages attn_stages "
+    "row_groups group_rows attn_stream".split()
 )
 
 
@@ -75,6 +75,10 @@ class MmaConfig:
     # next step's first): the next attention reads them from L2 while memory would sit idle during the GEMMs
     # between the two. 0: none. No effect on results
     kv_prefetch: int = 0
+    # each attention program starts by prefetching its own span's K/V (below the row's length + 1) into L2 at once,
+    # so the tile loop's later loads wait on L2, not memory (a pipeline with no registers or shared memory: the
+    # register- and cp.async-pipelined loops lost to their occupancy). No effect on results
+    kv_prefetch_own: bool = False
     # each attention program starts by prefetching into L2 its share of the weights the GEMMs after it read (this
     # layer's W1, W2, the next layer's W_qkv, W_o; the first row group's attention only): those GEMMs then wait
     # on L2, not memory (151 MB of weights a step miss a 50 MB L2). No effect on results
