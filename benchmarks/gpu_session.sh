@@ -123,9 +123,9 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
     gemmsplits) step gemm-splits 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480,730 --variants \
         "chain;chain ffn2_splits=1;chain ffn2_splits=2;chain ffn2_splits=8;chain qkv_splits=1;chain ffn1_splits=1;chain ffn1_splits=4;chain prenorm=False attn_out=False" \
         --out "$OUT/t2s_rows_probe_splits${SUFFIX:-}.json" ;;
-    # session 36: the RESULT_FREE fields built in sessions 35-36 (pdl_attn, kv_prefetch, w_prefetch) bitwise the
-    # table's at 1, 20 and 64 rows (run before rowsab's engine adopts one; ~2 min)
-    l2tests) step l2-tests 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma_gpu.py \
+    # session 36: the RESULT_FREE fields built in sessions 35-36 (pdl_attn and the L2 prefetches) bitwise the
+    # table's at 1, 20 and 64 rows (18 tests, before a winner of rowsab goes in the table; its own call)
+    l2tests) step l2-tests 280 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma_gpu.py \
         -k "result_free and (prefetch or pdl_attn)" ;;
     # session 36: the step's open candidates at 64 rows (ROWS_VARIANTS, default ROWS_AB above), then the engine
     # at 64 streams with the table and with the probe's fastest RESULT_FREE and results-changing variants, each
