@@ -124,9 +124,14 @@ for part in ${PARTS:-t2s acoustic vits kernels tests}; do
         "chain;chain ffn2_splits=1;chain ffn2_splits=2;chain ffn2_splits=8;chain qkv_splits=1;chain ffn1_splits=1;chain ffn1_splits=4;chain prenorm=False attn_out=False" \
         --out "$OUT/t2s_rows_probe_splits${SUFFIX:-}.json" ;;
     # session 36: the RESULT_FREE fields built in sessions 35-36 (pdl_attn and the L2 prefetches) bitwise the
-    # table's at 1, 20 and 64 rows (18 tests, before a winner of rowsab goes in the table; its own call)
+    # table's at 1, 20 and 64 rows (18 tests, before a winner of rowsab goes in the table; with l2timeline in one call)
     l2tests) step l2-tests 280 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_t2s_layer_mma_gpu.py \
         -k "result_free and (prefetch or pdl_attn)" ;;
+    # session 36: every kernel of the 64-row step traced (KV 480) with each L2 prefetch: which kernels they shorten (the
+    # GEMMs with their weights in L2, the attention with its K/V there) and which they stretch (~1.5 min; beside l2tests)
+    l2timeline) step l2-timeline 150 python3 benchmarks/t2s_rows_probe.py --rows 64 --lengths 480 --timeline \
+        "chain;chain kv_prefetch=2;chain kv_prefetch_own=True;chain w_prefetch=True;chain kv_prefetch=2 kv_prefetch_own=True w_prefetch=True" \
+        --out "$OUT/t2s_rows_timeline_l2${SUFFIX:-}.json" ;;
     # session 36: the step's open candidates at 64 rows (ROWS_VARIANTS, default ROWS_AB above), then the engine
     # at 64 streams with the table and with the probe's fastest RESULT_FREE and results-changing variants, each
     # only if >1% under the table's chain in the probe (t2s_rows_pick.py); SUFFIX names the files (at most ~9.5 min)
