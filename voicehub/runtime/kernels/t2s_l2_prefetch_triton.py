@@ -14,8 +14,8 @@ memory sits nearly idle half the layer and each GEMM waits on memory's latency, 
 Earlier forms lost (benchmarks/results/README.md, H100): a side-stream kernel of per-line `prefetch.global.L2`
 for the next layer's K/V (+5% a step) or the next weights (+1.2-1.5%). These issue one bulk instruction per
 8 KB tile or weight share from the attention's own programs, no extra kernel; each lane (thread) issues at
-most one prefetch. Triton's interpreter has neither L2 nor inline PTX: on the
-CPU nothing is prefetched (`kv_prefetched`, `weights_prefetched`), and the tests check the targets.
+most one prefetch. Triton's interpreter has neither L2 nor inline PTX: on the CPU nothing is prefetched
+(`kv_prefetched`, `kv_own_prefetched`, `weights_prefetched`), and the tests check the targets.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def kv_targets(
     kn_ptr, vn_ptr, len_ptr, b, h, split, n_slots, pf_slots, skb, skh, sks, svb, svh, svs,
     BLOCK_S: tl.constexpr, TILES: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
-    # MmaConfig.kv_prefetch: what lane i of the program of (split, h, b) prefetches (one lane a thread): tile
-    # i // 2 of its span's K (i even) or V (odd) in the next layer's cache, over the slots below the row's
-    # length + 1, n_slots and pf_slots, as (pointer, bytes, on); lanes past those tiles are off
+    # MmaConfig.kv_prefetch / kv_prefetch_own: what lane i of the program of (split, h, b) prefetches (one lane a
+    # thread): tile i // 2 of its span's K (i even) or V (odd) in the caches kn, vn (the next layer's, or this
+    # one's), over the slots below the row's length + 1, n_slots and pf_slots, as (pointer, bytes, on); lanes past
+    # those tiles are off
     lane = tl.arange(0, LANES)
     hi = tl.minimum(tl.minimum(tl.load(len_ptr + b).to(tl.int32) + 1, n_slots), pf_slots)
     first = split * TILES * BLOCK_S + (lane // 2) * BLOCK_S
