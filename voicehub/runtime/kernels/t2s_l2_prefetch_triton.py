@@ -138,10 +138,12 @@ def _check_kv(cfg: MmaConfig, kv: tuple, kv_next: tuple, field: str) -> None:
 
 
 def _check_weights(w_next: tuple, n_prog: int) -> None:
+    if len(w_next) != N_WEIGHTS:
+        raise ValueError(f"MmaConfig.w_prefetch prefetches {N_WEIGHTS} weight tensors, got {len(w_next)}")
     for w in w_next:
         nbytes = w.numel() * w.element_size()
         whole = w.is_contiguous() and w.data_ptr() % 16 == 0 and nbytes % 16 == 0
-        if not whole or w.dtype != w_next[0].dtype or len(w_next) != N_WEIGHTS:
+        if not whole or w.dtype != w_next[0].dtype:
             raise ValueError(f"MmaConfig.w_prefetch needs {N_WEIGHTS} contiguous {w_next[0].dtype} tensors of whole "
                              f"16-byte units; got {tuple(w.shape)} {w.dtype}")  # fmt: skip
         if -(-nbytes // n_prog) > MAX_BYTES:

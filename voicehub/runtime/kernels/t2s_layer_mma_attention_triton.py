@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from voicehub.runtime.kernels.t2s_l2_prefetch_triton import (
+    N_WEIGHTS,
     kv_own_prefetched,
     kv_prefetched,
     kv_targets,
@@ -272,10 +273,11 @@ def attention_stage(
     head_dim = dim // n_head
     n_splits = triton.cdiv(n_slots, attn_span(cfg))
     block_d = triton.next_power_of_2(dim)
-    prefetch = kv_prefetched(cfg, (k_layer, v_layer), kv_next)
+    kv = (k_layer, v_layer)
+    prefetch, own = kv_prefetched(cfg, kv, kv_next), kv_own_prefetched(cfg, kv)
     w_prefetch = weights_prefetched(cfg, w_next, n_splits * n_head * n_rows)
-    k_next, v_next = kv_next if prefetch else (k_layer, v_layer)  # unread without the prefetch
-    ws = w_next if w_prefetch else (layer.out_weight,) * 4  # unread without the prefetch
+    k_next, v_next = kv_next if prefetch else kv  # unread without the prefetch
+    ws = w_next if w_prefetch else (layer.out_weight,) * N_WEIGHTS  # unread without the prefetch
     w_bytes = [w.numel() * w.element_size() for w in ws]
     _attention_kernel[(n_splits, n_head, n_rows)](
         s.q, k_layer, v_layer, lengths, s.m, s.l, s.part, s.count, s.attn,
@@ -285,6 +287,6 @@ def attention_stage(
         N_HEAD=n_head, HEAD_DIM=head_dim, DH=s.part.shape[1], BLOCK_S=cfg.attn_block, TILES=cfg.attn_tiles,
         SPLITS=s.splits, OUT=cfg.attn_out, BLOCK_D=block_d, BLOCK_O=min(block_d, ATTN_OUT_BLOCK),
         KV_POLICY=kv_policy(cfg), STAGES=cfg.attn_stages, FIRST=cfg.pdl_attn, PREFETCH=prefetch,
-        WPREFETCH=w_prefetch, OWN=kv_own_prefetched(cfg, (k_layer, v_layer)), LANES=32 * cfg.attn_warps, num_warps=cfg.attn_warps,
+        WPREFETCH=w_prefetch, OWN=own, LANES=32 * cfg.attn_warps, num_warps=cfg.attn_warps,
         **_launch(cfg, s.q.device, "after"),
     )  # fmt: skip
